@@ -1,0 +1,38 @@
+"""The unit that moves through the router: one tag and its events.
+
+An event is a ``(time_ns, record)`` tuple: ``time_ns`` is an ``int`` of nanoseconds
+since the Unix epoch (UTC) and ``record`` a ``dict`` with ``str`` keys. Sources build
+batches, filters return new or narrowed batches, sinks consume them. Nothing in the
+router handles single events outside of a batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+Event = tuple[int, dict[str, Any]]
+
+
+class Batch:
+    """A tag with its events, plus the name of the source that produced it."""
+
+    __slots__ = ("tag", "events", "source")
+
+    def __init__(self, tag: str, events: list[Event], source: str = "") -> None:
+        self.tag = tag
+        self.events = events
+        self.source = source
+
+    def replace(self, events: list[Event] | None = None, tag: str | None = None) -> "Batch":
+        """A copy with other events and/or tag; the source is kept."""
+        return Batch(
+            self.tag if tag is None else tag,
+            self.events if events is None else events,
+            self.source,
+        )
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    def __repr__(self) -> str:
+        return f"Batch(tag={self.tag!r}, events={len(self.events)}, source={self.source!r})"

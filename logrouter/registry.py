@@ -1,0 +1,54 @@
+"""Component classes by kind and config type name.
+
+Modules register their classes with the decorators below; ``load_builtin()`` imports the
+modules that ship with logrouter so the config validator sees every type name.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Callable, TypeVar
+
+T = TypeVar("T", bound=type)
+
+SOURCES: dict[str, type] = {}
+FILTERS: dict[str, type] = {}
+SINKS: dict[str, type] = {}
+
+KINDS = {"sources": SOURCES, "filters": FILTERS, "sinks": SINKS}
+
+BUILTIN_MODULES = (
+    "logrouter.sources.fluent_forward",
+    "logrouter.filters.match",
+    "logrouter.filters.grep",
+    "logrouter.filters.fields",
+    "logrouter.sinks.parquet",
+)
+
+
+def _register(table: dict[str, type], type_name: str) -> Callable[[T], T]:
+    def decorate(cls: T) -> T:
+        if type_name in table and table[type_name] is not cls:
+            raise ValueError(f"type name {type_name!r} registered twice")
+        cls.TYPE = type_name
+        table[type_name] = cls
+        return cls
+
+    return decorate
+
+
+def source(type_name: str) -> Callable[[T], T]:
+    return _register(SOURCES, type_name)
+
+
+def filter(type_name: str) -> Callable[[T], T]:  # noqa: A001 - the component kind's name
+    return _register(FILTERS, type_name)
+
+
+def sink(type_name: str) -> Callable[[T], T]:
+    return _register(SINKS, type_name)
+
+
+def load_builtin() -> None:
+    for module in BUILTIN_MODULES:
+        importlib.import_module(module)
