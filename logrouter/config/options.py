@@ -25,6 +25,7 @@ class Option:
     default: Any = REQUIRED
     doc: str = ""
     check: Callable[[Any], None] | None = None
+    endpoint: bool = False  # a listen address: also checked for clashes with other listeners
 
     @property
     def required(self) -> bool:

@@ -1,0 +1,38 @@
+# Two commands set everything up on a fresh machine: `make run` and `make test`.
+# Both create and reuse .venv; installs are redone only when setup.cfg changes.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+INSTALLED := $(VENV)/.installed
+CONFIG ?= etc/logrouter.toml
+
+.PHONY: run test check-config bench clean
+
+$(PY):
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "logrouter needs Python 3.11 or newer")'
+	$(PYTHON) -m venv $(VENV)
+
+# compat editable mode puts the checkout itself on sys.path, which is what lets
+# twistd find twisted/plugins/logrouter_plugin.py straight from the tree.
+$(INSTALLED): setup.cfg pyproject.toml | $(PY)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]' --config-settings editable_mode=compat
+	@touch $@
+
+run: $(INSTALLED)
+	@mkdir -p var
+	$(VENV)/bin/twistd --nodaemon --pidfile= logrouter --config $(CONFIG)
+
+test: $(INSTALLED)
+	@command -v java >/dev/null 2>&1 || echo "NOTE: java not found; Spark tests will be skipped. Install Java 17: apt-get install openjdk-17-jre-headless"
+	$(PY) -m pytest -q
+
+check-config: $(INSTALLED)
+	$(VENV)/bin/logrouter check-config $(CONFIG)
+
+bench: $(INSTALLED)
+	$(PY) bench/forward_load.py
+
+clean:
+	rm -rf $(VENV) var build *.egg-info

@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""Forward → Parquet load benchmark: events/s with acknowledged PackedForward chunks.
+
+By default it starts its own daemon (``twistd -n logrouter``) on loopback with a
+temporary spool and lake, drives it with several connections that each keep a window of
+chunks in flight (out_forward-style PackedForward, ~100-byte records, a ``chunk`` id on
+every message, each one waited for), stops the daemon with SIGTERM, and reports:
+
+* acked events/s while sending (the ack only comes once the batch is durable),
+* the daemon's peak RSS (VmHWM) and the number of fsyncs per second,
+* the rows read back from the lake (must equal the events acknowledged).
+
+Run by hand, e.g. ``.venv/bin/python bench/forward_load.py --seconds 20 --durability fsync``.
+``--port`` drives an already running daemon instead (no lake check then).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import msgpack
+
+REPO = Path(__file__).resolve().parent.parent
+CHUNK_ID_LEN = 24
+
+
+def make_message(tag: str, events_per_chunk: int, start: int) -> tuple[bytes, int]:
+    """A PackedForward message with a fixed-width chunk id; returns it and the id's offset."""
+    now = int(time.time())
+    entries = []
+    for i in range(events_per_chunk):
+        record = {
+            "host": "web-%02d" % (i % 17),
+            "level": "info" if i % 5 else "warn",
+            "msg": "GET /api/v1/items/%06d 200" % (start + i),
+            "bytes": 512 + i,
+        }
+        entries.append(msgpack.packb([msgpack.ExtType(0, struct.pack(">II", now, i * 1000)), record]))
+    blob = b"".join(entries)
+    options = msgpack.packb({"size": events_per_chunk, "compressed": "text", "chunk": "X" * CHUNK_ID_LEN})
+    message = b"\x93" + msgpack.packb(tag) + b"\xdb" + struct.pack(">I", len(blob)) + blob + options
+    return message, len(message) - CHUNK_ID_LEN
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.acked_events = 0
+        self.acked_chunks = 0
+
+
+async def connection(host: str, port: int, conn_id: int, message: bytes, id_offset: int, events: int,
+                     window: int, deadline: float, stats: Stats) -> None:
+    reader, writer = await asyncio.open_connection(host, port)
+    unpacker = msgpack.Unpacker(raw=True)
+    in_flight: set[bytes] = set()
+    sent = 0
+
+    def send_one() -> None:
+        nonlocal sent
+        chunk_id = b"%04d-%019d" % (conn_id, sent)
+        assert len(chunk_id) == CHUNK_ID_LEN
+        writer.write(message[:id_offset] + chunk_id)
+        in_flight.add(chunk_id)
+        sent += 1
+
+    for _ in range(window):
+        send_one()
+    while in_flight:
+        data = await reader.read(65536)
+        if not data:
+            raise RuntimeError("server closed the connection")
+        unpacker.feed(data)
+        for reply in unpacker:
+            in_flight.discard(reply[b"ack"])
+            stats.acked_events += events
+            stats.acked_chunks += 1
+            if time.monotonic() < deadline:
+                send_one()
+    writer.close()
+    await writer.wait_closed()
+
+
+async def drive(host: str, port: int, args: argparse.Namespace, stats: Stats) -> float:
+    message, id_offset = make_message("bench.load", args.events_per_chunk, 0)
+    start = time.monotonic()
+    deadline = start + args.seconds
+    await asyncio.gather(*(
+        connection(host, port, c, message, id_offset, args.events_per_chunk, args.window, deadline, stats)
+        for c in range(args.connections)
+    ))
+    return time.monotonic() - start
+
+
+def start_daemon(workdir: Path, durability: str) -> tuple[subprocess.Popen, int, int, list[str]]:
+    config = workdir / "bench.toml"
+    config.write_text(f"""
+[router]
+metrics_listen = "tcp:0:interface=127.0.0.1"
+[spool]
+path = "spool"
+durability = "{durability}"
+[sources.forward]
+type = "fluent_forward"
+listen = "tcp:0:interface=127.0.0.1"
+[sinks.lake]
+type = "parquet"
+inputs = ["forward"]
+path = "lake"
+""")
+    twistd = Path(sys.executable).parent / "twistd"
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([str(twistd), "-n", "--pidfile=", "logrouter", "--config", str(config)],
+                            cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    port = metrics_port = None
+    deadline = time.monotonic() + 60
+    for line in proc.stdout:
+        lines.append(line)
+        if m := re.search(r"source forward listening on \S+ port (\d+)", line):
+            port = int(m.group(1))
+        if m := re.search(r"metrics listening on \S+ port (\d+)", line):
+            metrics_port = int(m.group(1))
+        if "logrouter running" in line or time.monotonic() > deadline:
+            break
+    if port is None:
+        proc.kill()
+        raise SystemExit("daemon did not start:\n" + "".join(lines))
+    threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True).start()
+    return proc, port, metrics_port, lines
+
+
+def peak_rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def fsyncs(metrics_port: int) -> float:
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("logrouter_spool_fsyncs_total "):
+                return float(line.split()[1])
+    return float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument("--connections", type=int, default=4)
+    parser.add_argument("--window", type=int, default=4, help="chunks in flight per connection")
+    parser.add_argument("--events-per-chunk", type=int, default=1000)
+    parser.add_argument("--durability", default="fsync", choices=["fsync", "os", "none"])
+    parser.add_argument("--port", type=int, help="drive a running daemon on 127.0.0.1:PORT instead")
+    args = parser.parse_args()
+    stats = Stats()
+    if args.port:
+        elapsed = asyncio.run(drive("127.0.0.1", args.port, args, stats))
+        print(f"{stats.acked_events / elapsed:,.0f} events/s acked ({stats.acked_events:,} in {elapsed:.1f}s)")
+        return
+    with tempfile.TemporaryDirectory(prefix="logrouter-bench-") as tmp:
+        workdir = Path(tmp)
+        proc, port, metrics_port, lines = start_daemon(workdir, args.durability)
+        try:
+            fsyncs_before = fsyncs(metrics_port)
+            elapsed = asyncio.run(drive("127.0.0.1", port, args, stats))
+            fsync_count = fsyncs(metrics_port) - fsyncs_before
+            rss = peak_rss_mb(proc.pid)
+            stop_start = time.monotonic()
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(120)
+            stop_secs = time.monotonic() - stop_start
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        import pyarrow.dataset as ds
+
+        rows = ds.dataset(str(workdir / "lake"), partitioning="hive").count_rows()
+        print(f"durability={args.durability} connections={args.connections} window={args.window} "
+              f"events/chunk={args.events_per_chunk}")
+        print(f"  {stats.acked_events / elapsed:,.0f} events/s acked ({stats.acked_events:,} events in {elapsed:.1f}s)")
+        print(f"  {fsync_count / elapsed:,.1f} fsyncs/s, peak RSS {rss:,.0f} MiB, graceful stop {stop_secs:.1f}s (exit {code})")
+        print(f"  lake rows {rows:,} ({'matches' if rows == stats.acked_events else 'MISMATCH with'} acked events)")
+        if rows != stats.acked_events or code != 0:
+            sys.stdout.write("".join(lines[-40:]))
+            sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

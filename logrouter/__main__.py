@@ -1,0 +1,5 @@
+import sys
+
+from logrouter.cli import main
+
+sys.exit(main())

@@ -1,0 +1,287 @@
+"""Reading and validating the TOML config into a ``Config``.
+
+Validation covers the whole file in one pass and collects every problem as a message
+that starts with the path of the bad key (``sinks.lake.roll_bytes: …``): unknown
+sections, kinds and types, unknown keys (listing the allowed ones), wrong value types,
+values a component's option check refuses, unknown inputs, inputs that name sinks,
+cycles, sinks without inputs, bad listen endpoints and two listeners on one endpoint.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+from logrouter import registry
+from logrouter.config import endpoints
+from logrouter.config.options import Option, non_negative, one_of, positive
+
+DURABILITY = ("fsync", "os", "none")
+
+SPOOL_OPTIONS: dict[str, Option] = {
+    "path": Option(str, "var/spool", "directory of the spool's segment files"),
+    "durability": Option(
+        str,
+        "fsync",
+        "when an ack may be sent: after fsync, after the write reached the OS, or at once",
+        one_of(*DURABILITY),
+    ),
+    "segment_bytes": Option(int, 64 * 1024 * 1024, "size at which a new segment file starts", positive),
+}
+
+ROUTER_OPTIONS: dict[str, Option] = {
+    "metrics_listen": Option(
+        str, "", "Twisted endpoint for /metrics (Prometheus) and /health; empty = off", endpoints.check_optional
+    ),
+    "shutdown_timeout_secs": Option(
+        (int, float), 30, "how long a graceful stop may take to drain and commit", non_negative
+    ),
+}
+
+TOP_LEVEL = ("router", "spool", "sources", "filters", "sinks")
+COMPONENT_KINDS = ("sources", "filters", "sinks")
+
+
+class ConfigError(Exception):
+    """The config file is unusable; ``errors`` lists every problem found."""
+
+    def __init__(self, errors: list[str]) -> None:
+        super().__init__("\n".join(errors))
+        self.errors = errors
+
+
+@dataclass
+class Component:
+    kind: str  # "sources", "filters" or "sinks"
+    name: str
+    type: str
+    options: dict[str, Any]
+    inputs: list[str] = field(default_factory=list)
+
+    @property
+    def cls(self) -> type:
+        return registry.KINDS[self.kind][self.type]
+
+    @property
+    def path(self) -> str:
+        return f"{self.kind}.{self.name}"
+
+
+@dataclass
+class Config:
+    router: dict[str, Any]
+    spool: dict[str, Any]
+    sources: dict[str, Component]
+    filters: dict[str, Component]
+    sinks: dict[str, Component]
+
+    def downstream(self, name: str) -> list[Component]:
+        """Filters and sinks that name ``name`` among their inputs, in config order."""
+        return [c for c in (*self.filters.values(), *self.sinks.values()) if name in c.inputs]
+
+
+def load_file(path: str) -> Config:
+    """Read and validate ``path``; raise ``ConfigError`` with every problem found."""
+    try:
+        with open(path, "rb") as f:
+            raw = tomllib.load(f)
+    except OSError as e:
+        raise ConfigError([f"{path}: cannot read: {e.strerror or e}"]) from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError([f"{path}: not valid TOML: {e}"]) from None
+    return validate(raw)
+
+
+def load_string(text: str) -> Config:
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError([f"not valid TOML: {e}"]) from None
+    return validate(raw)
+
+
+def validate(raw: dict[str, Any]) -> Config:
+    registry.load_builtin()
+    errors: list[str] = []
+    for key in raw:
+        if key not in TOP_LEVEL:
+            errors.append(f"{key}: unknown section (allowed: {', '.join(TOP_LEVEL)})")
+    router = _check_table("router", raw.get("router", {}), ROUTER_OPTIONS, errors)
+    spool = _check_table("spool", raw.get("spool", {}), SPOOL_OPTIONS, errors)
+    components = {kind: _read_components(kind, raw.get(kind, {}), errors) for kind in COMPONENT_KINDS}
+    _check_graph(components, errors)
+    _check_listeners(components["sources"], errors)
+    if errors:
+        raise ConfigError(errors)
+    return Config(router, spool, components["sources"], components["filters"], components["sinks"])
+
+
+def _check_table(path: str, table: Any, options: dict[str, Option], errors: list[str]) -> dict[str, Any]:
+    """Type-check ``table`` against ``options``; return it with defaults filled in."""
+    if not isinstance(table, dict):
+        errors.append(f"{path}: must be a table, got {_describe(table)}")
+        return {k: o.default for k, o in options.items() if not o.required}
+    result: dict[str, Any] = {}
+    for key, value in table.items():
+        option = options.get(key)
+        if option is None:
+            allowed = ", ".join(sorted(options)) or "none"
+            errors.append(f"{path}.{key}: unknown key (allowed: {allowed})")
+            continue
+        message = _check_value(value, option)
+        if message:
+            errors.append(f"{path}.{key}: {message}")
+            continue
+        result[key] = float(value) if option.types is float and isinstance(value, int) else value
+    for key, option in options.items():
+        if key in table:
+            continue
+        if option.required:
+            errors.append(f"{path}.{key}: required key is missing")
+        else:
+            result[key] = option.default
+    return result
+
+
+def _check_value(value: Any, option: Option) -> str | None:
+    types = option.types if isinstance(option.types, tuple) else (option.types,)
+    # TOML booleans are ints to Python; a bool is only accepted where bool is declared.
+    if isinstance(value, bool) and bool not in types:
+        ok = False
+    elif float in types and isinstance(value, int) and not isinstance(value, bool):
+        ok = True
+    else:
+        ok = isinstance(value, types)
+    if not ok:
+        return f"must be {_article(option.type_names())}, got {_describe(value)}"
+    if option.check is not None:
+        try:
+            option.check(value)
+        except ValueError as e:
+            return str(e)
+    return None
+
+
+def _read_components(kind: str, tables: Any, errors: list[str]) -> dict[str, Component]:
+    if not isinstance(tables, dict):
+        errors.append(f"{kind}: must be a table of named components, got {_describe(tables)}")
+        return {}
+    known = registry.KINDS[kind]
+    components: dict[str, Component] = {}
+    for name, table in tables.items():
+        path = f"{kind}.{name}"
+        if not isinstance(table, dict):
+            errors.append(f"{path}: must be a table, got {_describe(table)}")
+            continue
+        type_name = table.get("type")
+        if type_name is None:
+            errors.append(f"{path}.type: required key is missing (one of: {', '.join(sorted(known))})")
+            continue
+        if type_name not in known:
+            errors.append(f"{path}.type: unknown {kind[:-1]} type {type_name!r} (known: {', '.join(sorted(known))})")
+            continue
+        cls = known[type_name]
+        body = {k: v for k, v in table.items() if k not in ("type", "inputs")}
+        inputs = _read_inputs(kind, path, table, errors)
+        if kind == "sources" and "inputs" in table:
+            errors.append(f"{path}.inputs: sources take no inputs")
+        options = _check_table(path, body, cls.OPTIONS, errors)
+        check_options = getattr(cls, "check_options", None)
+        if check_options is not None and not any(e.startswith(path + ".") or e.startswith(path + ":") for e in errors):
+            errors.extend(f"{path}: {message}" for message in check_options(options))
+        components[name] = Component(kind, name, type_name, options, inputs)
+    return components
+
+
+def _read_inputs(kind: str, path: str, table: dict[str, Any], errors: list[str]) -> list[str]:
+    if kind == "sources":
+        return []
+    inputs = table.get("inputs")
+    if inputs is None:
+        errors.append(f"{path}.inputs: required key is missing (a list of source or filter names)")
+        return []
+    if not isinstance(inputs, list) or not all(isinstance(i, str) for i in inputs):
+        errors.append(f"{path}.inputs: must be an array of component names, got {_describe(inputs)}")
+        return []
+    if not inputs:
+        errors.append(f"{path}.inputs: must name at least one source or filter")
+    return inputs
+
+
+def _check_graph(components: dict[str, dict[str, Component]], errors: list[str]) -> None:
+    sources, filters, sinks = (components[k] for k in COMPONENT_KINDS)
+    seen: dict[str, str] = {}
+    for kind in COMPONENT_KINDS:
+        for name in components[kind]:
+            if name in seen:
+                errors.append(f"{kind}.{name}: name already used by {seen[name]}.{name}; component names must be unique")
+            else:
+                seen[name] = kind
+    for component in (*filters.values(), *sinks.values()):
+        for i, name in enumerate(component.inputs):
+            where = f"{component.path}.inputs[{i}]"
+            if name in sinks:
+                errors.append(f"{where}: {name!r} is a sink; inputs may name sources or filters")
+            elif name not in sources and name not in filters:
+                known = ", ".join(sorted((*sources, *filters))) or "none defined"
+                errors.append(f"{where}: unknown input {name!r} (sources and filters: {known})")
+    for cycle in _find_cycles(filters):
+        errors.append(f"filters.{cycle[0]}.inputs: cycle {' -> '.join(cycle)}")
+    if not sources and (filters or sinks):
+        errors.append("sources: no source defined")
+
+
+def _find_cycles(filters: dict[str, Component]) -> list[list[str]]:
+    """Each cycle among filters once, as the list of names along it (first repeated last)."""
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1 = on the current path, 2 = done
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        path.append(name)
+        for upstream in filters[name].inputs:
+            if upstream not in filters:
+                continue
+            if state.get(upstream) == 1:
+                cycles.append(path[path.index(upstream):] + [upstream])
+            elif upstream not in state:
+                visit(upstream, path)
+        path.pop()
+        state[name] = 2
+
+    for name in filters:
+        if name not in state:
+            visit(name, [])
+    return cycles
+
+
+def _check_listeners(sources: dict[str, Component], errors: list[str]) -> None:
+    bound: dict[tuple[str, int], list[tuple[str, str]]] = {}
+    for component in sources.values():
+        for key, option in component.cls.OPTIONS.items():
+            if not getattr(option, "endpoint", False) or key not in component.options:
+                continue
+            path = f"{component.path}.{key}"
+            value = component.options[key]
+            try:
+                address = endpoints.listen_address(value)
+            except ValueError as e:
+                errors.append(f"{path}: {e}")
+                continue
+            if address is None:
+                continue
+            family, port, interface = address
+            for other_path, other_interface in bound.get((family, port), []):
+                if port != 0 and (interface == other_interface or "" in (interface, other_interface)):
+                    errors.append(f"{path}: {value!r} listens on the same {family} port {port} as {other_path}")
+            bound.setdefault((family, port), []).append((path, interface))
+
+
+def _article(type_names: str) -> str:
+    return ("an " if type_names[0] in "aeiou" else "a ") + type_names
+
+
+def _describe(value: Any) -> str:
+    names = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "table"}
+    return f"{names.get(type(value), type(value).__name__)} {value!r}"

@@ -1,0 +1,37 @@
+"""Reading a lake back with pyarrow: for tests, row-count audits and tools.
+
+Owns the reader's view of the layout: the partition columns with fixed types (so a
+tag that looks like a number stays a string) and one schema unified over all files.
+Plain ``pyarrow.dataset.dataset(root, partitioning="hive")`` takes its schema from
+the first file only and infers partition types from the values; both are wrong for
+a lake whose files gain columns over time. Staged files (``_staging``) are skipped
+by pyarrow's default ``ignore_prefixes`` (``.`` and ``_``).
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+#: How readers should type the partition columns (Spark infers ``dt`` as a date).
+PARTITION_SCHEMA = pa.schema([("tag", pa.string()), ("dt", pa.string()), ("hour", pa.int32())])
+
+
+def lake_partitioning() -> ds.Partitioning:
+    """Hive partitioning with fixed types and ``%XX`` decoding of values."""
+    return ds.partitioning(PARTITION_SCHEMA, flavor="hive")
+
+
+def lake_dataset(root: str, filesystem: pa.fs.FileSystem | None = None) -> ds.Dataset:
+    """The whole lake under ``root`` as one dataset, schema unified over every file.
+
+    Reads every file's footer; raises ``pyarrow.ArrowTypeError``/``ArrowInvalid`` if
+    two files disagree on a column's type (possible across writers or restarts unless
+    the column is declared).
+    """
+    first = ds.dataset(root, format="parquet", partitioning=lake_partitioning(), filesystem=filesystem)
+    schemas = [fragment.physical_schema for fragment in first.get_fragments()]
+    if not schemas:
+        return first
+    schema = pa.unify_schemas([*schemas, PARTITION_SCHEMA])
+    return ds.dataset(root, schema=schema, format="parquet", partitioning=lake_partitioning(), filesystem=filesystem)

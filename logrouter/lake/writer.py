@@ -1,0 +1,358 @@
+"""Parquet files in the lake: one open file per partition, rolled, sealed, published.
+
+Owns the life of a lake file. A file is *open* while rows are added to it (buffered,
+then written as row groups into ``root/_staging/<writer_id>/``), *sealed* when it is
+closed and fsync'd there (by size, by age, or on stop), and *published* when it is
+renamed into its partition directory. Sealing and publishing are separate calls so
+the sink's commit protocol can record the sealed files (and its spool cursor)
+between them; ``publish`` is idempotent so a recovery can redo it.
+
+Synchronous, no Twisted: the parquet sink calls it from one worker thread at a time
+and owns threads and timers. Time is passed in (``now``, in seconds, any clock the
+caller likes), never read here.
+
+Readers never see staged files: pyarrow's dataset discovery and Spark skip paths
+starting with ``_`` or ``.``.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import re
+import secrets
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+import pyarrow.parquet as pq
+
+from logrouter.lake.convert import TableBuilder
+from logrouter.lake.fs import LakeFileSystem, LocalFileSystem
+from logrouter.lake.partition import hour_dirs, partition_path, split_by_hour, tag_segment
+from logrouter.lake.schema import ColumnTypes, Inferred, file_schema
+
+Event = tuple[int, dict[str, Any]]
+
+STAGING_DIR = "_staging"
+DEFAULT_ROW_GROUP_ROWS = 10_000
+_WRITER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+
+# Size estimates before a file has written a row group (then its own ratio is used).
+_INITIAL_DISK_BYTES_PER_ROW = 64
+_INITIAL_MEMORY_BYTES_PER_ROW = 256
+
+
+@dataclass(frozen=True)
+class SealedFile:
+    """A closed, fsync'd file in staging, and where ``publish`` will put it."""
+
+    staging_path: str
+    final_path: str
+    rows: int
+    bytes: int
+    tag: str
+    dt: str
+    hour: str
+    #: The ``mark`` of the first write into the file (see ``LakeWriter.write``).
+    first_mark: Any = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able form for commit records (``first_mark`` must be JSON-able)."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "SealedFile":
+        return cls(**data)
+
+
+class _OpenFile:
+    """One partition's current file: rows waiting for a row group, and the writer."""
+
+    __slots__ = (
+        "tag", "bucket", "name", "staging_path", "final_path", "opened_at", "first_mark",
+        "pending", "stream", "writer", "builder", "rows_written", "bytes_written",
+    )
+
+    def __init__(self, tag: str, bucket: int, name: str, staging_path: str, final_path: str,
+                 opened_at: float, first_mark: Any) -> None:
+        self.tag = tag
+        self.bucket = bucket
+        self.name = name
+        self.staging_path = staging_path
+        self.final_path = final_path
+        self.opened_at = opened_at
+        self.first_mark = first_mark
+        self.pending: list[Event] = []
+        self.stream: Any = None
+        self.writer: pq.ParquetWriter | None = None
+        self.builder: TableBuilder | None = None
+        self.rows_written = 0
+        self.bytes_written = 0
+
+
+class LakeWriter:
+    """Writes events into Hive-partitioned Parquet files under ``root``.
+
+    ``writer_id`` names this writer's files and staging directory; routers sharing a
+    lake need distinct ids, and one id must not run twice at the same time (its
+    staging directory is its own). File names also carry a per-run component, so
+    a restarted writer never reuses a name.
+
+    ``roll_bytes``: a file is sealed once its written bytes plus an estimate of its
+    buffered rows reach this. ``roll_secs``: ``seal_due(now)`` seals files opened at
+    least this long ago. ``row_group_rows``: rows buffered per file before they are
+    encoded as one row group; it bounds memory per open file, and the first row
+    group fixes the file's columns (schema.py).
+
+    Not thread-safe. If a call raises (disk full, …), call ``abort()`` and replay.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        writer_id: str,
+        roll_bytes: int,
+        roll_secs: float,
+        row_group_rows: int = DEFAULT_ROW_GROUP_ROWS,
+        *,
+        fs: LakeFileSystem | None = None,
+        column_types: ColumnTypes | None = None,
+        compression: str = "zstd",
+    ) -> None:
+        if not _WRITER_ID.fullmatch(writer_id):
+            raise ValueError(f"writer_id must match {_WRITER_ID.pattern}: {writer_id!r}")
+        if roll_bytes <= 0 or roll_secs <= 0 or row_group_rows <= 0:
+            raise ValueError("roll_bytes, roll_secs and row_group_rows must be positive")
+        self.root = root.rstrip("/") or "/"
+        self.writer_id = writer_id
+        self.roll_bytes = roll_bytes
+        self.roll_secs = roll_secs
+        self.row_group_rows = row_group_rows
+        self.fs: LakeFileSystem = fs if fs is not None else LocalFileSystem()
+        self.column_types = column_types if column_types is not None else ColumnTypes()
+        self.compression = compression
+        self.staging_dir = posixpath.join(self.root, STAGING_DIR, writer_id)
+        # Unique across restarts: start time (ms, hex, so names sort by run) + random.
+        self.run_id = "%x%s" % (time.time_ns() // 1_000_000, secrets.token_hex(4))
+        self._sequence = 0
+        self._staging_made = False
+        self._files: dict[tuple[str, int], _OpenFile] = {}
+        self._ready: list[SealedFile] = []
+        self._disk_bytes_per_row = float(_INITIAL_DISK_BYTES_PER_ROW)
+        self._memory_bytes_per_row = float(_INITIAL_MEMORY_BYTES_PER_ROW)
+
+    # -- introspection (metrics) ------------------------------------------------------
+
+    @property
+    def open_files(self) -> int:
+        return len(self._files)
+
+    @property
+    def buffered_rows(self) -> int:
+        return sum(len(f.pending) for f in self._files.values())
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Estimated memory of rows not yet encoded (Arrow size of recent row groups)."""
+        return int(self.buffered_rows * self._memory_bytes_per_row)
+
+    def next_due(self) -> float | None:
+        """When ``seal_due`` next has work: the earliest ``now`` at which a file is
+        due, ``-inf`` if size-rolled files are waiting, None if nothing is open."""
+        if self._ready:
+            return float("-inf")
+        if not self._files:
+            return None
+        return min(f.opened_at for f in self._files.values()) + self.roll_secs
+
+    def oldest_open_mark(self) -> Any:
+        """The smallest ``first_mark`` among files not yet handed out by ``seal_*``.
+
+        A sink's spool cursor may not move past it: events from there on are not in
+        any sealed file yet.
+        """
+        marks = [f.first_mark for f in self._files.values() if f.first_mark is not None]
+        marks.extend(s.first_mark for s in self._ready if s.first_mark is not None)
+        return min(marks, default=None)
+
+    # -- writing ------------------------------------------------------------------------
+
+    def write(self, tag: str, events: Sequence[Event], now: float, mark: Any = None) -> None:
+        """Add events (any hours) of one tag.
+
+        Files that reach ``roll_bytes`` are sealed here and handed out by the next
+        ``seal_due``/``seal_all``. ``mark`` is an optional comparable token (e.g. the
+        spool offset of the batch) remembered as ``first_mark`` by files it opens.
+        Raises ``partition.PartitionError`` before buffering anything if the tag
+        cannot name a directory.
+        """
+        if not events:
+            return
+        tag_segment(tag)
+        for bucket, group in split_by_hour(events):
+            self._append(tag, bucket, group, now, mark)
+
+    def _append(self, tag: str, bucket: int, events: Sequence[Event], now: float, mark: Any) -> None:
+        key = (tag, bucket)
+        position = 0
+        total = len(events)
+        while position < total:
+            file = self._files.get(key)
+            if file is None:
+                file = self._files[key] = self._new_file(tag, bucket, now, mark)
+            room = self.row_group_rows - len(file.pending)
+            if position == 0 and total <= room:
+                file.pending.extend(events)  # the usual case: no slicing
+                position = total
+            else:
+                file.pending.extend(events[position : position + room])
+                position += room
+            if len(file.pending) >= self.row_group_rows:
+                self._write_row_group(file)
+            if self._estimated_size(file) >= self.roll_bytes:
+                self._seal(key)
+
+    def flush(self) -> None:
+        """Encode every open file's buffered rows as a row group (bounds memory)."""
+        for file in self._files.values():
+            self._write_row_group(file)
+
+    def _new_file(self, tag: str, bucket: int, now: float, mark: Any) -> _OpenFile:
+        self._sequence += 1
+        name = f"part-{self.writer_id}-{self.run_id}-{self._sequence:06d}.parquet"
+        return _OpenFile(
+            tag,
+            bucket,
+            name,
+            posixpath.join(self.staging_dir, name),
+            posixpath.join(self.root, partition_path(tag, bucket), name),
+            now,
+            mark,
+        )
+
+    def _write_row_group(self, file: _OpenFile) -> None:
+        if not file.pending:
+            return
+        inferred = self._start(file) if file.writer is None else None
+        table = file.builder.build(file.pending, inferred)  # type: ignore[union-attr]
+        file.writer.write_table(table)  # type: ignore[union-attr]
+        file.rows_written += len(file.pending)
+        file.pending = []
+        file.bytes_written = file.stream.tell()
+        self._disk_bytes_per_row = file.bytes_written / file.rows_written
+        self._memory_bytes_per_row = table.nbytes / max(table.num_rows, 1)
+
+    def _start(self, file: _OpenFile) -> Inferred:
+        """Open the staged file; its schema comes from its first row group's rows."""
+        inferred: Inferred = {}
+        schema = file_schema(self.column_types, [event[1] for event in file.pending], inferred)
+        file.builder = TableBuilder(schema, self.column_types)
+        if not self._staging_made:
+            self.fs.makedirs(self.staging_dir)
+            self._staging_made = True
+        file.stream = self.fs.open_write(file.staging_path)
+        try:
+            file.writer = pq.ParquetWriter(file.stream, schema, compression=self.compression)
+        except BaseException:
+            file.stream.close()
+            raise
+        return inferred
+
+    def _estimated_size(self, file: _OpenFile) -> float:
+        if file.rows_written:
+            per_row = file.bytes_written / file.rows_written
+        else:
+            per_row = self._disk_bytes_per_row
+        return file.bytes_written + len(file.pending) * per_row
+
+    # -- sealing ------------------------------------------------------------------------
+
+    def seal_due(self, now: float) -> list[SealedFile]:
+        """Seal files opened ``roll_secs`` or more before ``now``; return them and the
+        files rolled by size since the last call."""
+        for key in [key for key, f in self._files.items() if now - f.opened_at >= self.roll_secs]:
+            self._seal(key)
+        return self._hand_out()
+
+    def seal_all(self) -> list[SealedFile]:
+        """Seal every open file (graceful stop, or before moving a cursor)."""
+        for key in list(self._files):
+            self._seal(key)
+        return self._hand_out()
+
+    def _seal(self, key: tuple[str, int]) -> None:
+        file = self._files[key]
+        self._write_row_group(file)
+        file.writer.close()  # type: ignore[union-attr]  # writes the footer
+        size = file.stream.tell()
+        self.fs.sync_close(file.stream)
+        del self._files[key]
+        dt, hour = hour_dirs(file.bucket)
+        self._ready.append(
+            SealedFile(file.staging_path, file.final_path, file.rows_written, size,
+                       file.tag, dt, hour, file.first_mark)
+        )
+
+    def _hand_out(self) -> list[SealedFile]:
+        sealed, self._ready = self._ready, []
+        if sealed:
+            # The staged names must survive a crash once a commit record lists them.
+            self.fs.sync_dir(self.staging_dir)
+        return sealed
+
+    # -- publishing and cleanup ---------------------------------------------------------
+
+    def publish(self, sealed: Sequence[SealedFile]) -> None:
+        """Rename sealed files into their partitions (atomic each) and fsync the
+        partition directories.
+
+        Idempotent, for redoing a commit after a crash: a file already at its final
+        path and gone from staging is skipped. Raises FileNotFoundError if a file is
+        in neither place.
+        """
+        directories: dict[str, None] = {}
+        for file in sealed:
+            directory = posixpath.dirname(file.final_path)
+            if directory not in directories:
+                self.fs.makedirs(directory)
+                directories[directory] = None
+            if self.fs.exists(file.staging_path):
+                self.fs.replace(file.staging_path, file.final_path)
+            elif not self.fs.exists(file.final_path):
+                raise FileNotFoundError(f"sealed file lost: neither {file.staging_path} nor {file.final_path}")
+        for directory in directories:
+            self.fs.sync_dir(directory)
+
+    def discard_staging(self) -> list[str]:
+        """Delete this writer's staged files: uncommitted work of a previous run.
+
+        Call at startup *after* redoing committed publishes, before writing.
+        """
+        if self._files or self._ready:
+            raise RuntimeError("discard_staging() with files open or sealed: call it before writing")
+        removed = []
+        for name in self.fs.list_files(self.staging_dir):
+            path = posixpath.join(self.staging_dir, name)
+            self.fs.remove(path)
+            removed.append(path)
+        if removed:
+            self.fs.sync_dir(self.staging_dir)
+        return removed
+
+    def abort(self) -> None:
+        """Drop open files and sealed files not yet handed out, deleting their staged
+        data; the caller replays those events (e.g. from its spool)."""
+        for file in self._files.values():
+            if file.stream is not None:
+                try:
+                    file.writer.close()  # type: ignore[union-attr]
+                except Exception:  # noqa: BLE001 - the file is being thrown away
+                    pass
+                file.stream.close()
+                if self.fs.exists(file.staging_path):
+                    self.fs.remove(file.staging_path)
+        for sealed in self._ready:
+            if self.fs.exists(sealed.staging_path):
+                self.fs.remove(sealed.staging_path)
+        self._files.clear()
+        self._ready.clear()

@@ -1,0 +1,30 @@
+"""``twistd logrouter``: command-line options and the service they build."""
+
+from __future__ import annotations
+
+import sys
+
+from twisted.python import usage
+
+from logrouter.config.load import ConfigError, load_file
+
+DEFAULT_CONFIG = "etc/logrouter.toml"
+
+
+class Options(usage.Options):
+    optParameters = [
+        ["config", "c", DEFAULT_CONFIG, "path of the TOML config file"],
+    ]
+
+
+def makeService(options: Options):
+    from logrouter.service import RouterService
+
+    try:
+        config = load_file(options["config"])
+    except ConfigError as e:
+        print(f"logrouter: {options['config']}: invalid config:", file=sys.stderr)
+        for error in e.errors:
+            print(f"  {error}", file=sys.stderr)
+        raise SystemExit(1)
+    return RouterService(config)

@@ -1,0 +1,95 @@
+"""Running the real daemon (``twistd -n logrouter``) from a test, on loopback.
+
+The daemon's log is read line by line from its stdout by a thread, so a test waits on
+the line it needs (with a time bound) instead of sleeping. Every daemon a test starts is
+stopped by it: ``stop()`` sends SIGTERM and waits; ``__exit__`` kills what is left.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TWISTD = Path(sys.executable).parent / "twistd"
+
+
+class Daemon:
+    def __init__(self, workdir: Path, config_text: str) -> None:
+        self.workdir = Path(workdir)
+        self.config = self.workdir / "logrouter.toml"
+        self.config.write_text(config_text)
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self.process: subprocess.Popen | None = None
+
+    def start(self, wait_for: str = r"logrouter running", timeout: float = 60) -> "Daemon":
+        env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+        self.process = subprocess.Popen(
+            [str(TWISTD), "--nodaemon", "--pidfile=", "logrouter", "--config", str(self.config)],
+            cwd=self.workdir,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+        if wait_for:
+            self.wait_for(wait_for, timeout)
+        return self
+
+    def _read(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line)
+            self._queue.put(line)
+        self._queue.put(None)
+
+    def wait_for(self, pattern: str, timeout: float = 60) -> re.Match:
+        """The first log line (old or new) matching ``pattern``; fails after ``timeout``."""
+        regex = re.compile(pattern)
+        for line in list(self.lines):
+            if m := regex.search(line):
+                return m
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self._queue.get(timeout=left)
+            except queue.Empty:
+                break
+            if line is None:
+                raise AssertionError(f"daemon exited while waiting for {pattern!r}:\n{self.output}")
+            if m := regex.search(line):
+                return m
+        raise AssertionError(f"no log line matching {pattern!r} within {timeout}s:\n{self.output}")
+
+    def port(self, source: str) -> int:
+        return int(self.wait_for(rf"source {re.escape(source)} listening on \S+ port (\d+)").group(1))
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        return self.process.wait(timeout)
+
+    def kill(self) -> int:
+        return self.stop(signal.SIGKILL)
+
+    def __enter__(self) -> "Daemon":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(30)
