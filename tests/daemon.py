@@ -78,10 +78,22 @@ class Daemon:
         return "".join(self.lines)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
+        """Signal the daemon and wait; the exit status as ``subprocess`` reports it."""
         assert self.process is not None
         if self.process.poll() is None:
             self.process.send_signal(sig)
         return self.process.wait(timeout)
+
+    def stop_gracefully(self, timeout: float = 60) -> None:
+        """SIGTERM, and check the daemon shut down cleanly.
+
+        twistd re-raises the signal that stopped it once the shutdown is complete, so a
+        clean stop exits "killed by SIGTERM" (what systemd expects), never with a traceback.
+        """
+        status = self.stop(signal.SIGTERM, timeout)
+        assert status in (0, -signal.SIGTERM), f"exit status {status}:\n{self.output}"
+        self.wait_for(r"Server Shut Down", timeout=10)
+        assert "Traceback" not in self.output and "Unhandled" not in self.output, self.output
 
     def kill(self) -> int:
         return self.stop(signal.SIGKILL)

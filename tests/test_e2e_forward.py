@@ -16,11 +16,11 @@ import urllib.request
 from pathlib import Path
 
 import msgpack
-import pyarrow.dataset as ds
 import pytest
 from fluent import sender
 
 from daemon import TWISTD, Daemon
+from logrouter.lake.dataset import lake_dataset
 
 CONFIG = """
 [router]
@@ -98,8 +98,7 @@ def recv_exactly(sock: socket.socket, n: int) -> bytes:
 
 
 def read_lake(path: Path) -> list[dict]:
-    table = ds.dataset(str(path), partitioning="hive").to_table()
-    return table.to_pylist()
+    return lake_dataset(str(path)).to_table().to_pylist()
 
 
 def test_forward_events_land_in_parquet(tmp_path):
@@ -144,7 +143,7 @@ def test_forward_events_land_in_parquet(tmp_path):
             assert reply == {"ack": "j1"}
 
         wait_for_events(daemon, 50 + 200 + 2 + 1 + 1)
-        assert daemon.stop() == 0
+        daemon.stop_gracefully()
 
     rows = read_lake(tmp_path / "lake")
     by_tag: dict[str, list[dict]] = {}
@@ -186,7 +185,7 @@ def test_bad_input_closes_only_that_connection(tmp_path):
         ack = msgpack.packb({"ack": "a1"})
         assert recv_exactly(good, len(ack)) == ack
         good.close()
-        assert daemon.stop() == 0
+        daemon.stop_gracefully()
     rows = read_lake(tmp_path / "lake")
     assert [r["still"] for r in rows] == ["works"]
 

@@ -321,3 +321,11 @@ def test_encode_extra_cuts_absurd_nesting():
     while isinstance(node, list):
         node, depth = node[0], depth + 1
     assert node == TOO_DEEP and depth == MAX_DEPTH - 1  # the _extra object is level 1
+
+
+def test_learning_from_extra_follows_first_appearance():
+    types = ColumnTypes(max_columns=3)
+    table_of([{"a": 1}], types, later=[[{"a": 1, "zz": {"n": 1}}, {"Zz": 1, "zz": "s", "y": 2.5, "x": 1}]])
+    # "zz": first *scalar* value is a str; "Zz" came first in its record but "zz" first overall;
+    # the cap (3) leaves "x" out, whatever the set order of the names
+    assert types.items() == [("a", pa.int64()), ("zz", pa.string()), ("y", pa.float64())]

@@ -221,9 +221,11 @@ def _check_graph(components: dict[str, dict[str, Component]], errors: list[str])
     for component in (*filters.values(), *sinks.values()):
         for i, name in enumerate(component.inputs):
             where = f"{component.path}.inputs[{i}]"
+            if name in sources or name in filters:
+                continue
             if name in sinks:
                 errors.append(f"{where}: {name!r} is a sink; inputs may name sources or filters")
-            elif name not in sources and name not in filters:
+            else:
                 known = ", ".join(sorted((*sources, *filters))) or "none defined"
                 errors.append(f"{where}: unknown input {name!r} (sources and filters: {known})")
     for cycle in _find_cycles(filters):

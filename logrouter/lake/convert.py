@@ -34,6 +34,8 @@ from logrouter.lake.schema import (
     TIME_TYPE,
     ColumnTypes,
     Inferred,
+    field_order,
+    scalar_type,
 )
 
 Event = tuple[int, dict[str, Any]]
@@ -176,9 +178,12 @@ class TableBuilder:
                 fields = {key: value for key, value in record.items() if key not in names and value is not None}
                 if fields:
                     extras[index] = fields
-        for key in unknown:  # first type wins, so the first non-null value decides
-            if key not in self.types:
-                first = next((r[key] for r in records if r.get(key) is not None), None)
+        # In order of first appearance (not set order, which varies between runs): the
+        # order decides which of two names differing in case, or which fields past
+        # max_columns, get columns.
+        for key in field_order(records):
+            if key in unknown and key not in self.types:
+                first = next((v for r in records if scalar_type(v := r.get(key)) is not None), None)
                 self.types.learn(key, first)
 
     def _fit_values(

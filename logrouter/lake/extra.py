@@ -40,9 +40,11 @@ def _compact_dumps() -> Callable[[Any], str]:
     every call, which costs more than encoding a small object. No circular check:
     records come from decoders and cannot be circular (if one were, the C encoder
     raises RecursionError and ``jsonable`` cuts it at MAX_DEPTH)."""
-    if c_make_encoder is None:  # pure-Python json build
-        return json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
-    encoder = c_make_encoder(None, _refuse, encode_basestring, None, ":", ",", False, False, False)
+    fallback = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
+    try:
+        encoder = c_make_encoder(None, _refuse, encode_basestring, None, ":", ",", False, False, False)
+    except TypeError:  # no C accelerator (None), or another Python's signature
+        return fallback
 
     def dumps(value: Any) -> str:
         return "".join(encoder(value, 0))
