@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 INSTALLED := $(VENV)/.installed
+NODE_DEPS := tests/interop/node_modules/.installed
 CONFIG ?= etc/logrouter.toml
 
 .PHONY: run test check-config bench clean
@@ -20,11 +21,17 @@ $(INSTALLED): setup.cfg pyproject.toml | $(PY)
 	$(PY) -m pip install -q -e '.[test]' --config-settings editable_mode=compat
 	@touch $@
 
+# The npm clients and servers of the interop tests (Node.js and npm are on the machine).
+$(NODE_DEPS): tests/interop/package.json
+	@if command -v npm >/dev/null 2>&1; then \
+		cd tests/interop && npm install --no-audit --no-fund --loglevel=error && touch node_modules/.installed; \
+	else echo "NOTE: npm not found; the npm interop tests will be skipped (apt-get install nodejs npm)"; fi
+
 run: $(INSTALLED)
 	@mkdir -p var
 	$(VENV)/bin/twistd --nodaemon --pidfile= logrouter --config $(CONFIG)
 
-test: $(INSTALLED)
+test: $(INSTALLED) $(NODE_DEPS)
 	@command -v java >/dev/null 2>&1 || echo "NOTE: java not found; Spark tests will be skipped. Install Java 17: apt-get install openjdk-17-jre-headless"
 	$(PY) -m pytest -q
 
