@@ -16,7 +16,16 @@ def _samples(router: Any) -> Iterator[tuple[str, str, dict[str, str], float]]:
     yield "logrouter_events_in_total", "counter", {}, router.events_in
     yield "logrouter_spool_fsyncs_total", "counter", {}, router.spool.fsyncs
     yield "logrouter_spool_end_bytes", "gauge", {}, router.spool.end
-    yield "logrouter_spool_durable_bytes", "gauge", {}, router.spool.durable_end
+    yield "logrouter_spool_written_bytes", "gauge", {}, router.spool.written_end
+    yield "logrouter_spool_backlog_bytes", "gauge", {}, router.backlog_bytes()
+    yield "logrouter_spool_size_bytes", "gauge", {}, router.spool.size_bytes
+    yield "logrouter_spool_torn_tails_total", "counter", {}, router.spool.torn_tails
+    yield "logrouter_spool_quarantined_total", "counter", {}, router.spool.quarantined
+    yield "logrouter_duplicates_total", "counter", {}, router.duplicates
+    yield "logrouter_sources_paused", "gauge", {}, int(router.paused)
+    yield "logrouter_sources_pauses_total", "counter", {}, router.pauses
+    paused = router.paused_secs + (router.reactor.seconds() - router._paused_at if router.paused else 0)
+    yield "logrouter_sources_paused_seconds_total", "counter", {}, round(paused, 3)
     for name, source in router.sources.items():
         labels = {"source": name, "type": source.TYPE}
         yield "logrouter_source_connections", "gauge", labels, len(source.connections)
@@ -27,8 +36,14 @@ def _samples(router: Any) -> Iterator[tuple[str, str, dict[str, str], float]]:
         yield "logrouter_error_path_records_total", "counter", {"component": name}, count
     for name, sink in router.sinks.items():
         labels = {"sink": name, "type": sink.TYPE}
+        feed = router.feeds[name]
         yield "logrouter_sink_events_in_total", "counter", labels, sink.events_in
-        for attribute in ("files_published", "rows_published"):
+        yield "logrouter_sink_cursor_bytes", "gauge", labels, sink.cursor
+        yield "logrouter_sink_lag_bytes", "gauge", labels, max(router.spool.end - sink.cursor, 0)
+        yield "logrouter_sink_queued_bytes", "gauge", labels, sink.queued_bytes
+        yield "logrouter_sink_live", "gauge", labels, int(feed.live)
+        yield "logrouter_sink_failures_total", "counter", labels, sink.failures
+        for attribute in ("files_published", "rows_published", "commits"):
             if hasattr(sink, attribute):
                 yield f"logrouter_sink_{attribute}_total", "counter", labels, getattr(sink, attribute)
 

@@ -1,34 +1,52 @@
-"""The router: builds the configured graph and moves batches from sources to sinks.
+"""The router: builds the configured graph and moves spool records to sinks.
 
-A source hands a batch to ``ingest``; the batch is appended to the spool, and once it is
-durable the returned Deferred fires (the source then acks) and the batch is pushed down
-the precomputed routes: each filter transforms it, each sink receives what reaches it.
+A source hands a batch to ``ingest``. The batch is appended to the spool; once it is
+written (and fsync'd, by default) the returned Deferred fires, the source acks, and
+the batch is pushed down the precomputed routes to every sink that is *live*.
+
+Each sink has a feed: the spool position up to which it was handed records. A sink that
+falls behind (its queue over ``max_queue_bytes``), that failed, or that just started is
+not live: it catches up by reading the spool from its position in a thread, through the
+same filters, until it reaches the live end, and then goes live again. Startup recovery
+is that same catch-up from the cursor each sink saved. So a slow sink costs spool space,
+never memory; when the spool's backlog (from the slowest sink's cursor to the end) passes
+``spool.max_bytes`` every source stops reading until it falls under the low-water mark.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
-from twisted.internet import defer
+from twisted.internet import defer, threads
 from twisted.logger import Logger
 
+from logrouter import dedupe
 from logrouter.batch import Batch
 from logrouter.config.load import Config
 from logrouter.errors import LoggedErrors
+from logrouter.sinks.state import SinkState
 from logrouter.spool.log import SpoolLog
-from logrouter.spool.record import encode_batch
+from logrouter.spool.record import decode_batch, decode_key, encode_batch
+
+READ_CHUNK_BYTES = 4 << 20
+LOW_WATER = 0.8  # resume sources / feed a sink again below this share of its bound
+DEDUPE_SNAPSHOT_SECS = 10.0
 
 
 class FilterNode:
-    """A filter with the nodes that take its output."""
+    """A filter, the nodes that take its output and the sinks reachable through it."""
 
     def __init__(self, name: str, component: Any, errors: LoggedErrors) -> None:
         self.name = name
         self.component = component
         self.errors = errors
         self.children: list[Any] = []
+        self.reach: frozenset[str] = frozenset()
 
-    def push(self, batch: Batch) -> None:
+    def push(self, batch: Batch, position: int, size: int, targets: frozenset[str]) -> None:
+        if self.reach.isdisjoint(targets):
+            return
         try:
             out = self.component.process(batch)
         except Exception as e:
@@ -39,16 +57,31 @@ class FilterNode:
         if out is None or not out.events:
             return
         for child in self.children:
-            child.push(out)
+            child.push(out, position, size, targets)
 
 
 class SinkNode:
     def __init__(self, name: str, component: Any) -> None:
         self.name = name
         self.component = component
+        self.reach = frozenset((name,))
 
-    def push(self, batch: Batch) -> None:
-        self.component.write(batch)
+    def push(self, batch: Batch, position: int, size: int, targets: frozenset[str]) -> None:
+        if self.name in targets:
+            self.component.write(batch, position, size)
+
+
+class SinkFeed:
+    """How far one sink has been handed the spool, and whether it takes live batches."""
+
+    def __init__(self, name: str, sink: Any) -> None:
+        self.name = name
+        self.sink = sink
+        self.targets = frozenset((name,))
+        self.delivered = 0
+        self.live = False
+        self.reading: defer.Deferred | None = None
+        self.epoch = 0  # bumped on rewind, so a read started before it is not applied
 
 
 class Router:
@@ -60,15 +93,31 @@ class Router:
         self.errors = LoggedErrors()
         spool = config.spool
         self.spool = SpoolLog(reactor, spool["path"], spool["durability"], spool["segment_bytes"])
-        self.sinks = {
-            name: c.cls(name, c.options, self.errors, reactor) for name, c in config.sinks.items()
-        }
+        self.max_spool_bytes = spool["max_bytes"]
+        self.dedupe = dedupe.DedupeWindow(spool["dedupe_window"])
+        self.dedupe_path = os.path.join(spool["path"], "dedupe.msgpack")
+        self.sinks = {name: c.cls(name, c.options, self.errors, reactor) for name, c in config.sinks.items()}
         self.filters = {name: c.cls(name, c.options, self.errors) for name, c in config.filters.items()}
         self.sources = {name: c.cls(name, c.options, self, reactor) for name, c in config.sources.items()}
         self.routes = self._build_routes()
+        self.feeds = {name: SinkFeed(name, sink) for name, sink in self.sinks.items()}
+        for feed in self.feeds.values():
+            feed.sink.state = SinkState(os.path.join(spool["path"], "sinks", f"{feed.name}.json"))
+            feed.sink.on_progress = lambda feed=feed: self._progress(feed)
+            feed.sink.on_rewind = lambda feed=feed: self._rewind(feed)
+        self.routed_end = 0
         self.batches_in = 0
         self.events_in = 0
+        self.duplicates = 0
+        self.paused = False
+        self.paused_secs = 0.0
+        self.pauses = 0
+        self._paused_at = 0.0
+        self.stopping = False
         self.metrics_port: Any = None
+        self._snapshot_position = 0
+        self._snapshot_saved_at = float("-inf")
+        self._snapshot: defer.Deferred | None = None
 
     def _build_routes(self) -> dict[str, list[Any]]:
         nodes: dict[str, Any] = {name: FilterNode(name, f, self.errors) for name, f in self.filters.items()}
@@ -77,29 +126,206 @@ class Router:
             for upstream in component.inputs:
                 if upstream in self.filters:
                     nodes[upstream].children.append(nodes[component.name])
-        return {
-            source: [nodes[c.name] for c in self.config.downstream(source)] for source in self.sources
-        }
 
-    def ingest(self, batch: Batch) -> defer.Deferred:
-        """Store ``batch``; the Deferred fires once it is durable, after it was routed."""
+        def reach(node: Any) -> frozenset[str]:
+            if isinstance(node, FilterNode) and not node.reach:
+                node.reach = frozenset().union(*(reach(c) for c in node.children))
+            return node.reach
+
+        for node in nodes.values():
+            reach(node)
+        return {source: [nodes[c.name] for c in self.config.downstream(source)] for source in self.sources}
+
+    # -- taking batches in --------------------------------------------------------------
+
+    def ingest(self, batch: Batch, key: bytes | None = None) -> defer.Deferred:
+        """Store ``batch``; the Deferred fires once it is durable (then it is routed).
+
+        ``key`` is the client's id for this batch (a forward ``chunk``): a batch whose
+        id is already stored, or being stored, is acked without being stored again.
+        """
+        dedupe_key = None
+        if key is not None:
+            dedupe_key = (batch.source, key)
+            again = self.dedupe.lookup(dedupe_key)
+            if again is not None:
+                self.duplicates += 1
+                return again
+            self.dedupe.begin(dedupe_key)
         self.batches_in += 1
         self.events_in += len(batch.events)
-        d = self.spool.append(encode_batch(batch))
-        d.addCallback(self._route, batch)
+        payload = encode_batch(batch, dedupe_key)
+        d = self.spool.append(payload)
+        d.addCallback(self._route_live, batch, len(payload), dedupe_key)
+        if dedupe_key is not None:
+            d.addErrback(self._not_stored, dedupe_key)
+        self._check_backpressure()
+        if self.spool.durability == "none":
+            d.addErrback(lambda f: self.log.failure("spool write failed", f))
+            return defer.succeed(None)
         return d
 
-    def _route(self, position: int, batch: Batch) -> None:
-        for node in self.routes[batch.source]:
-            node.push(batch)
+    def _not_stored(self, failure: Any, key: dedupe.Key) -> Any:
+        self.dedupe.abandon(key, failure)
+        return failure
+
+    def _route_live(self, written: tuple[int, int], batch: Batch, size: int, key: dedupe.Key | None) -> None:
+        position, end = written
+        self.routed_end = end
+        if key is not None:
+            self.dedupe.finish(key, position)
+        targets = frozenset(name for name, feed in self.feeds.items() if feed.live)
+        if targets:
+            for node in self.routes[batch.source]:
+                node.push(batch, position, size, targets)
+            for name in targets:
+                self._handed(self.feeds[name], end)
+
+    def _handed(self, feed: SinkFeed, end: int) -> None:
+        feed.delivered = end
+        feed.sink.advance(end)
+        if feed.live and feed.sink.queued_bytes > feed.sink.options["max_queue_bytes"]:
+            feed.live = False  # over its memory bound: it reads the rest from the spool
+
+    # -- catching up from the spool -------------------------------------------------------
+
+    def _catch_up(self, feed: SinkFeed) -> None:
+        sink = feed.sink
+        if feed.live or feed.reading is not None or sink.failing or self.stopping:
+            return
+        if sink.queued_bytes > sink.options["max_queue_bytes"] * LOW_WATER:
+            return  # _progress calls again as the sink drains
+        limit = self.routed_end
+        if feed.delivered >= limit:
+            feed.live = True
+            return
+        epoch = feed.epoch
+        feed.reading = threads.deferToThread(self.spool.read, feed.delivered, limit, READ_CHUNK_BYTES)
+        feed.reading.addCallback(self._caught_up, feed, epoch)
+        feed.reading.addErrback(self._read_failed, feed)
+
+    def _caught_up(self, result: tuple[list, int], feed: SinkFeed, epoch: int) -> None:
+        feed.reading = None
+        if epoch != feed.epoch:
+            self._catch_up(feed)
+            return
+        records, next_position = result
+        for record in records:
+            try:
+                batch, _ = decode_batch(record.payload)
+            except Exception as e:
+                self.log.error("spool record at {position} cannot be decoded ({error}); skipped",
+                               position=record.offset, error=e)
+            else:
+                for node in self.routes.get(batch.source, ()):
+                    node.push(batch, record.offset, len(record.payload), feed.targets)
+            self._handed(feed, record.end)
+        if next_position > feed.delivered:
+            self._handed(feed, next_position)  # past damage that was quarantined
+        self._catch_up(feed)
+
+    def _read_failed(self, failure: Any, feed: SinkFeed) -> None:
+        feed.reading = None
+        self.log.failure("reading the spool for sink {name} failed; retrying", failure, name=feed.name)
+        self.reactor.callLater(1.0, self._catch_up, feed)
+
+    def _progress(self, feed: SinkFeed) -> None:
+        self._check_backpressure()
+        self._trim()
+        if not feed.live:
+            self._catch_up(feed)
+
+    def _rewind(self, feed: SinkFeed) -> None:
+        """The sink dropped what it held: feed it again from its cursor."""
+        feed.epoch += 1
+        feed.live = False
+        feed.delivered = feed.sink.cursor
+        feed.sink.advance(feed.sink.cursor)
+        self._catch_up(feed)
+
+    # -- bounds -------------------------------------------------------------------------
+
+    def min_cursor(self) -> int:
+        return min((feed.sink.cursor for feed in self.feeds.values()), default=self.routed_end)
+
+    def backlog_bytes(self) -> int:
+        return self.spool.end - min(self.min_cursor(), self.spool.end)
+
+    def _check_backpressure(self) -> None:
+        backlog = self.backlog_bytes()
+        if not self.paused and backlog > self.max_spool_bytes:
+            self.paused = True
+            self.pauses += 1
+            self._paused_at = self.reactor.seconds()
+            self.log.warn(
+                "spool backlog {backlog} bytes is over spool.max_bytes ({limit}): sources paused",
+                backlog=backlog,
+                limit=self.max_spool_bytes,
+            )
+            for source in self.sources.values():
+                source.pause_reading()
+        elif self.paused and backlog < self.max_spool_bytes * LOW_WATER:
+            self.paused = False
+            self.paused_secs += self.reactor.seconds() - self._paused_at
+            self.log.info("spool backlog {backlog} bytes: sources resumed", backlog=backlog)
+            for source in self.sources.values():
+                source.resume_reading()
+
+    def _trim(self) -> None:
+        """Delete spool segments every sink is done with and the dedupe snapshot covers."""
+        cursor = self.min_cursor()
+        first_end = self.spool.first_segment_end
+        if first_end is not None and first_end <= cursor:
+            if self._snapshot_position < cursor:
+                self._save_snapshot()
+                return  # trimmed once the snapshot is on disk
+            self.spool.delete_before(min(cursor, self._snapshot_position))
+        elif self.reactor.seconds() - self._snapshot_saved_at > DEDUPE_SNAPSHOT_SECS and self.dedupe.done:
+            self._save_snapshot()
+
+    def _save_snapshot(self) -> defer.Deferred:
+        if self._snapshot is not None:
+            return self._snapshot
+        position = self.routed_end
+        entries = list(self.dedupe.done.items())
+        self._snapshot_saved_at = self.reactor.seconds()
+        d = threads.deferToThread(dedupe.save_snapshot, self.dedupe_path, entries, position)
+
+        def saved(_: Any) -> None:
+            self._snapshot = None
+            self._snapshot_position = max(self._snapshot_position, position)
+            self._trim()
+
+        def failed(failure: Any) -> None:
+            self._snapshot = None
+            self.log.failure("saving the dedupe snapshot failed", failure)
+
+        self._snapshot = d
+        d.addCallbacks(saved, failed)
+        return d
+
+    # -- lifecycle ----------------------------------------------------------------------
 
     @defer.inlineCallbacks
     def start(self) -> Any:
         self.spool.open()
-        for sink in self.sinks.values():
-            yield sink.start()
+        self.routed_end = self.spool.end
+        yield threads.deferToThread(self._load_dedupe)
+        for feed in self.feeds.values():
+            cursor = yield feed.sink.start()
+            feed.delivered = max(cursor, self.spool.start)
+            feed.sink.advance(feed.delivered)
+            if cursor < self.spool.end:
+                self.log.info(
+                    "sink {name}: resuming from spool position {cursor} ({backlog} bytes to replay)",
+                    name=feed.name,
+                    cursor=cursor,
+                    backlog=self.spool.end - cursor,
+                )
+            self._catch_up(feed)
         for source in self.sources.values():
             yield source.start()
+        self._check_backpressure()
         if self.config.router["metrics_listen"]:
             from twisted.internet import endpoints
 
@@ -110,6 +336,24 @@ class Router:
             address = self.metrics_port.getHost()
             self.log.info("metrics listening on {host} port {port}", host=address.host, port=address.port)
 
+    def _load_dedupe(self) -> None:
+        """The id window as it was: the snapshot, then the ids of the records after it."""
+        entries, position = dedupe.load_snapshot(self.dedupe_path)
+        self.dedupe.add_all(entries)
+        self._snapshot_position = position
+        position = max(position, self.spool.start)
+        while position < self.spool.end:
+            records, position = self.spool.read(position, self.spool.end, READ_CHUNK_BYTES)
+            for record in records:
+                try:
+                    key = decode_key(record.payload)
+                except Exception:
+                    continue
+                if key is not None:
+                    self.dedupe.add(key, record.offset)
+            if not records:
+                break
+
     @defer.inlineCallbacks
     def stop(self) -> Any:
         """Drain sources, let the spool finish what it holds, then commit every sink."""
@@ -117,7 +361,16 @@ class Router:
             yield self.metrics_port.stopListening()
         yield defer.DeferredList([defer.maybeDeferred(s.stop) for s in self.sources.values()], consumeErrors=True)
         yield self.spool.close()
+        self.stopping = True
+        reads = [feed.reading for feed in self.feeds.values() if feed.reading is not None]
+        if reads:
+            yield defer.DeferredList(reads, consumeErrors=True)
         results = yield defer.DeferredList([defer.maybeDeferred(s.stop) for s in self.sinks.values()], consumeErrors=True)
         for (ok, result), name in zip(results, self.sinks):
             if not ok:
                 self.log.failure("sink {name} failed to stop cleanly", result, name=name)
+        if self._snapshot is not None:
+            yield self._snapshot
+        yield threads.deferToThread(
+            dedupe.save_snapshot, self.dedupe_path, list(self.dedupe.done.items()), self.routed_end
+        )

@@ -38,7 +38,9 @@ def errors_of(text: str) -> list[str]:
 
 def test_good_config_loads_with_defaults():
     config = load_string(GOOD)
-    assert config.spool == {"path": "var/spool", "durability": "fsync", "segment_bytes": 64 << 20}
+    assert config.spool == {
+        "path": "var/spool", "durability": "fsync", "segment_bytes": 64 << 20, "max_bytes": 8 << 30, "dedupe_window": 100_000,
+    }
     assert config.sources["forward"].options["listen"] == "tcp:24224:interface=127.0.0.1"
     assert config.filters["app"].inputs == ["forward"]
     assert config.sinks["lake"].options["roll_secs"] == 300
@@ -63,7 +65,10 @@ def test_missing_type():
 
 def test_unknown_key_lists_allowed_ones():
     errors = errors_of(GOOD + '\n[sinks.lake2]\ntype = "parquet"\ninputs = ["forward"]\npath = "x"\nroll_byts = 5\n')
-    assert errors == ["sinks.lake2.roll_byts: unknown key (allowed: path, roll_bytes, roll_secs, writer_id)"]
+    assert errors == [
+        "sinks.lake2.roll_byts: unknown key (allowed: columns, compression, max_queue_bytes, path, "
+        "retry_initial_secs, retry_max_secs, roll_bytes, roll_secs, row_group_rows, writer_id)"
+    ]
 
 
 def test_wrong_value_types():

@@ -1,4 +1,4 @@
-"""The spool log: framing, group commit, segment rolls, torn-tail recovery."""
+"""The spool log: framing, group commit, segment rolls, reads, and recovery from damage."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import os
 import pytest
 from twisted.internet import defer
 
-from logrouter.spool.log import FRAME_HEADER, SpoolLog, frame, list_segments, scan_segment
+from logrouter.spool.log import SpoolLog, list_segments
+from logrouter.spool.segment import HEADER_SIZE, Damage, Record, frame, walk
 
 
 @pytest.fixture
@@ -19,8 +20,6 @@ def reactor():
 
 def run(reactor, d: defer.Deferred, timeout: float = 30):
     """Spin the global reactor until ``d`` fires (the spool runs real threads)."""
-    from twisted.internet.defer import ensureDeferred  # noqa: F401
-
     result: list = []
     d.addBoth(result.append)
     deadline = reactor.seconds() + timeout
@@ -32,16 +31,21 @@ def run(reactor, d: defer.Deferred, timeout: float = 30):
     return result[0]
 
 
-def read_payloads(path: str) -> list[bytes]:
-    out = []
-    for base in list_segments(path):
-        name = os.path.join(path, f"{base:020d}.seg")
-        with open(name, "rb") as f:
-            data = f.read()
-        with open(name, "rb") as f:
-            scan = scan_segment(f)
-        out += [data[o + FRAME_HEADER.size : o + FRAME_HEADER.size + n] for o, n in scan.records]
-    return out
+def fill(reactor, path, payloads, **options) -> SpoolLog:
+    spool = SpoolLog(reactor, str(path), **options)
+    spool.open()
+    run(reactor, defer.gatherResults([spool.append(p) for p in payloads]))
+    run(reactor, spool.close())
+    return spool
+
+
+def read_all(reactor, path) -> tuple[list[bytes], SpoolLog]:
+    spool = SpoolLog(reactor, str(path))
+    spool.open()
+    records, position = spool.read(spool.start, spool.end, 1 << 30)
+    assert position == spool.end
+    run(reactor, spool.close())
+    return [r.payload for r in records], spool
 
 
 @pytest.mark.parametrize("durability", ["fsync", "os", "none"])
@@ -49,15 +53,14 @@ def test_appends_are_stored_in_order_with_positions(reactor, tmp_path, durabilit
     spool = SpoolLog(reactor, str(tmp_path), durability)
     spool.open()
     payloads = [f"record {i}".encode() * (i + 1) for i in range(50)]
-    ds = [spool.append(p) for p in payloads]
-    positions = run(reactor, defer.gatherResults(ds))
+    written = run(reactor, defer.gatherResults([spool.append(p) for p in payloads]))
     expected, pos = [], 0
     for p in payloads:
-        expected.append(pos)
-        pos += FRAME_HEADER.size + len(p)
-    assert positions == expected
+        expected.append((pos, pos + HEADER_SIZE + len(p)))
+        pos += HEADER_SIZE + len(p)
+    assert written == expected
     run(reactor, spool.close())
-    assert read_payloads(str(tmp_path)) == payloads
+    assert read_all(reactor, tmp_path)[0] == payloads
 
 
 def test_group_commit_covers_many_appends_with_few_fsyncs(reactor, tmp_path):
@@ -66,45 +69,104 @@ def test_group_commit_covers_many_appends_with_few_fsyncs(reactor, tmp_path):
     run(reactor, defer.gatherResults([spool.append(b"x" * 100) for _ in range(1000)]))
     # All 1000 appends were queued before the worker ran: far fewer fsyncs than records.
     assert 1 <= spool.fsyncs <= 2
-    assert spool.durable_end == spool.end == 1000 * (FRAME_HEADER.size + 100)
+    assert spool.written_end == spool.end == 1000 * (HEADER_SIZE + 100)
     run(reactor, spool.close())
 
 
-def test_segments_roll_at_segment_bytes_and_reopen_at_the_end(reactor, tmp_path):
-    spool = SpoolLog(reactor, str(tmp_path), "fsync", segment_bytes=1000)
-    spool.open()
-    run(reactor, defer.gatherResults([spool.append(bytes([i]) * 92) for i in range(30)]))
-    run(reactor, spool.close())
+def test_segments_roll_reads_cross_them_and_reopen_at_the_end(reactor, tmp_path):
+    payloads = [bytes([i]) * 84 for i in range(30)]  # 100-byte frames
+    fill(reactor, tmp_path, payloads, segment_bytes=1000)
     bases = list_segments(str(tmp_path))
-    assert len(bases) == 3 and bases[0] == 0
-    assert all(b % 100 == 0 for b in bases)  # each segment starts at a record boundary
-    again = SpoolLog(reactor, str(tmp_path), "fsync", segment_bytes=1000)
+    assert bases == [0, 1000, 2000]
+    again = SpoolLog(reactor, str(tmp_path), segment_bytes=1000)
     again.open()
-    assert again.end == 30 * 100
+    assert again.end == 3000
+    records, position = again.read(950 - 50, 2100, max_bytes=1 << 20)  # from record 9 to 21
+    assert [r.offset for r in records] == list(range(900, 2100, 100)) and position == 2100
+    records, position = again.read(0, 3000, max_bytes=250)  # stops after about 250 bytes
+    assert len(records) == 3 and position == 300
     run(reactor, again.append(b"more"))
     run(reactor, again.close())
-    assert read_payloads(str(tmp_path))[-1] == b"more"
-    assert len(read_payloads(str(tmp_path))) == 31
+    assert read_all(reactor, tmp_path)[0] == payloads + [b"more"]
 
 
-@pytest.mark.parametrize("cut", [1, 4, 7, 8, 12, 20])
-def test_torn_tail_is_truncated_at_open(reactor, tmp_path, cut):
-    spool = SpoolLog(reactor, str(tmp_path))
+def test_delete_before_keeps_the_segment_being_written(reactor, tmp_path):
+    fill(reactor, tmp_path, [b"a" * 84] * 30, segment_bytes=1000)
+    spool = SpoolLog(reactor, str(tmp_path), segment_bytes=1000)
     spool.open()
-    run(reactor, defer.gatherResults([spool.append(b"a" * 12), spool.append(b"b" * 12)]))
+    assert spool.delete_before(1500) == [str(tmp_path / f"{0:020d}.seg")]
+    assert spool.start == 1000 and spool.first_segment_end == 2000
+    spool.delete_before(10**9)
+    assert list_segments(str(tmp_path)) == [2000]
+    records, _ = spool.read(0, spool.end)  # positions before the oldest segment: skipped
+    assert records[0].offset == 2000
     run(reactor, spool.close())
+
+
+@pytest.mark.parametrize("cut", [1, 4, 7, 15, 16, 20])
+def test_torn_tail_is_cut_and_set_aside(reactor, tmp_path, cut):
+    fill(reactor, tmp_path, [b"a" * 12, b"b" * 12])
     name = tmp_path / f"{0:020d}.seg"
-    size = name.stat().st_size
     with open(name, "r+b") as f:
-        f.truncate(size - cut)
+        f.truncate(name.stat().st_size - cut)
     again = SpoolLog(reactor, str(tmp_path))
     again.open()
-    assert again.end == 20  # only the first whole record is left
-    assert name.stat().st_size == 20
+    assert again.end == 28 and again.torn_tails == 1  # only the first whole record is left
+    assert name.stat().st_size == 28
+    assert (tmp_path / "quarantine" / f"{28:020d}.bad").read_bytes() == frame(b"b" * 12)[: 28 - cut]
     run(reactor, again.append(b"c" * 3))
     run(reactor, again.close())
-    assert read_payloads(str(tmp_path)) == [b"a" * 12, b"c" * 3]
+    assert read_all(reactor, tmp_path)[0] == [b"a" * 12, b"c" * 3]
+
+
+@pytest.mark.parametrize("offset", [0, 3, 4, 9, 13, 16, 30])
+def test_flipped_byte_in_the_middle_is_quarantined_and_the_rest_read(reactor, tmp_path, offset):
+    payloads = [b"first" * 4, b"second" * 4, b"third" * 4]
+    fill(reactor, tmp_path, payloads)
+    name = tmp_path / f"{0:020d}.seg"
+    data = bytearray(name.read_bytes())
+    second = HEADER_SIZE + 20
+    data[second + offset] ^= 0x40
+    name.write_bytes(bytes(data))
+    payloads_read, spool = read_all(reactor, tmp_path)
+    assert payloads_read == [payloads[0], payloads[2]]
+    assert spool.quarantined == 1 and spool.torn_tails == 0
+    bad = tmp_path / "quarantine" / f"{second:020d}.bad"
+    assert bad.read_bytes() == bytes(data[second : second + HEADER_SIZE + 24])
+
+
+def test_flipped_byte_in_the_last_record_is_set_aside_not_lost(reactor, tmp_path):
+    fill(reactor, tmp_path, [b"one" * 5, b"two" * 5])
+    name = tmp_path / f"{0:020d}.seg"
+    data = bytearray(name.read_bytes())
+    data[-1] ^= 1
+    name.write_bytes(bytes(data))
+    payloads, spool = read_all(reactor, tmp_path)
+    assert payloads == [b"one" * 5]
+    assert (tmp_path / "quarantine" / f"{HEADER_SIZE + 15:020d}.bad").read_bytes() == bytes(data[HEADER_SIZE + 15 :])
+
+
+def test_garbage_segment_never_stops_startup(reactor, tmp_path):
+    (tmp_path / f"{0:020d}.seg").write_bytes(os.urandom(5000))
+    spool = SpoolLog(reactor, str(tmp_path))
+    spool.open()
+    assert spool.end == 0
+    run(reactor, spool.append(b"fresh"))
+    run(reactor, spool.close())
+    assert read_all(reactor, tmp_path)[0] == [b"fresh"]
+
+
+def test_walk_finds_frames_around_damage():
+    good = [frame(b"x" * n) for n in (1, 2, 3)]
+    data = good[0] + b"\x00garbage\xff" + good[1] + good[2][:-1]
+    items = list(walk(data, 100))
+    assert isinstance(items[0], Record) and items[0].payload == b"x"
+    assert isinstance(items[1], Damage) and items[1].offset == 100 + len(good[0])
+    assert isinstance(items[2], Record) and items[2].payload == b"xx"
+    assert isinstance(items[3], Damage) and items[3].end == 100 + len(data)
 
 
 def test_frame_layout():
-    assert frame(b"abc") == bytes.fromhex("00000003352441c2") + b"abc"
+    f = frame(b"abc")
+    assert f[:4] == b"LRS1" and f[4:8] == b"\x00\x00\x00\x03" and f[8:12] == bytes.fromhex("352441c2")
+    assert len(f) == HEADER_SIZE + 3

@@ -28,6 +28,10 @@ SPOOL_OPTIONS: dict[str, Option] = {
         one_of(*DURABILITY),
     ),
     "segment_bytes": Option(int, 64 * 1024 * 1024, "size at which a new segment file starts", positive),
+    "max_bytes": Option(
+        int, 8 << 30, "backlog (slowest sink's cursor to the end) at which sources pause", positive
+    ),
+    "dedupe_window": Option(int, 100_000, "client ids (forward chunk, …) remembered to recognise retransmissions", positive),
 }
 
 ROUTER_OPTIONS: dict[str, Option] = {

@@ -153,6 +153,18 @@ class ColumnTypes:
         self._add(name, column_type)
         return column_type
 
+    def export(self) -> list[list[str]]:
+        """``[[name, type name], …]`` of the columns learned (not declared), for a state file."""
+        names = {column_type: name for name, column_type in TYPE_NAMES.items() if name in ("bool", "int", "float", "string", "binary")}
+        return [[name, names[t]] for name, t in self._types.items() if name not in self.declared]
+
+    def restore(self, items: Iterable[Iterable[str]]) -> None:
+        """Learn the columns of an earlier ``export`` (a restart keeps its field types)."""
+        for name, type_name in items:
+            column_type = TYPE_NAMES.get(type_name)
+            if column_type is not None and name not in self._types and self._eligible(name):
+                self._add(name, column_type)
+
     def learn(self, name: Any, value: Any) -> None:
         """Register ``name`` from a value seen outside any column (for the next file)."""
         if name not in self._types:

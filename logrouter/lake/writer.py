@@ -22,7 +22,7 @@ import re
 import secrets
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import pyarrow.parquet as pq
 
@@ -55,6 +55,8 @@ class SealedFile:
     hour: str
     #: The ``mark`` of the first write into the file (see ``LakeWriter.write``).
     first_mark: Any = None
+    #: The ``mark`` of the last write into the file.
+    last_mark: Any = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able form for commit records (``first_mark`` must be JSON-able)."""
@@ -69,7 +71,7 @@ class _OpenFile:
     """One partition's current file: rows waiting for a row group, and the writer."""
 
     __slots__ = (
-        "tag", "bucket", "name", "staging_path", "final_path", "opened_at", "first_mark",
+        "tag", "bucket", "name", "staging_path", "final_path", "opened_at", "first_mark", "last_mark",
         "pending", "stream", "writer", "builder", "rows_written", "bytes_written",
     )
 
@@ -82,6 +84,7 @@ class _OpenFile:
         self.final_path = final_path
         self.opened_at = opened_at
         self.first_mark = first_mark
+        self.last_mark = first_mark
         self.pending: list[Event] = []
         self.stream: Any = None
         self.writer: pq.ParquetWriter | None = None
@@ -177,7 +180,14 @@ class LakeWriter:
 
     # -- writing ------------------------------------------------------------------------
 
-    def write(self, tag: str, events: Sequence[Event], now: float, mark: Any = None) -> None:
+    def write(
+        self,
+        tag: str,
+        events: Sequence[Event],
+        now: float,
+        mark: Any = None,
+        published: Mapping[tuple[str, int], Any] | None = None,
+    ) -> None:
         """Add events (any hours) of one tag.
 
         Files that reach ``roll_bytes`` are sealed here and handed out by the next
@@ -185,11 +195,20 @@ class LakeWriter:
         spool offset of the batch) remembered as ``first_mark`` by files it opens.
         Raises ``partition.PartitionError`` before buffering anything if the tag
         cannot name a directory.
+
+        ``published`` maps a partition ``(tag, hour bucket)`` to the last mark already
+        in a published file of it: rows of this write for such a partition are skipped
+        when ``mark`` is not past it. A replay after a crash uses this so that no row
+        lands twice.
         """
         if not events:
             return
         tag_segment(tag)
         for bucket, group in split_by_hour(events):
+            if published:
+                done = published.get((tag, bucket))
+                if done is not None and mark is not None and mark <= done:
+                    continue
             self._append(tag, bucket, group, now, mark)
 
     def _append(self, tag: str, bucket: int, events: Sequence[Event], now: float, mark: Any) -> None:
@@ -200,6 +219,7 @@ class LakeWriter:
             file = self._files.get(key)
             if file is None:
                 file = self._files[key] = self._new_file(tag, bucket, now, mark)
+            file.last_mark = mark
             room = self.row_group_rows - len(file.pending)
             if position == 0 and total <= room:
                 file.pending.extend(events)  # the usual case: no slicing
@@ -290,7 +310,7 @@ class LakeWriter:
         dt, hour = hour_dirs(file.bucket)
         self._ready.append(
             SealedFile(file.staging_path, file.final_path, file.rows_written, size,
-                       file.tag, dt, hour, file.first_mark)
+                       file.tag, dt, hour, file.first_mark, file.last_mark)
         )
 
     def _hand_out(self) -> list[SealedFile]:
@@ -302,13 +322,14 @@ class LakeWriter:
 
     # -- publishing and cleanup ---------------------------------------------------------
 
-    def publish(self, sealed: Sequence[SealedFile]) -> None:
+    def publish(self, sealed: Sequence[SealedFile], missing_ok: bool = False) -> None:
         """Rename sealed files into their partitions (atomic each) and fsync the
         partition directories.
 
         Idempotent, for redoing a commit after a crash: a file already at its final
         path and gone from staging is skipped. Raises FileNotFoundError if a file is
-        in neither place.
+        in neither place, unless ``missing_ok`` (a redo after compaction may find a
+        published file already rewritten into another).
         """
         directories: dict[str, None] = {}
         for file in sealed:
@@ -318,7 +339,7 @@ class LakeWriter:
                 directories[directory] = None
             if self.fs.exists(file.staging_path):
                 self.fs.replace(file.staging_path, file.final_path)
-            elif not self.fs.exists(file.final_path):
+            elif not missing_ok and not self.fs.exists(file.final_path):
                 raise FileNotFoundError(f"sealed file lost: neither {file.staging_path} nor {file.final_path}")
         for directory in directories:
             self.fs.sync_dir(directory)

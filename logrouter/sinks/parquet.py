@@ -1,27 +1,44 @@
-"""The ``parquet`` sink: batches into Hive-partitioned Parquet files in a lake.
+"""The ``parquet`` sink: spool records into Hive-partitioned Parquet files, exactly once.
 
-The Twisted side of the sink: it queues batches for one worker thread that runs the lake
-writer (``logrouter.lake``), seals files on a timer (by age) and as they fill (by size),
-publishes sealed files, and on stop seals and publishes everything open. All Parquet
-encoding and file I/O happen in the worker thread, never on the reactor.
+The Twisted side of the sink. One worker thread runs the lake writer
+(``logrouter.lake``): rows are buffered per partition, files seal by size and by age,
+and every publish is one commit:
+
+1. seal the files (closed and fsync'd in staging);
+2. write the commit record (``SinkState``): the new spool cursor, per partition the
+   last spool position already in a published file, the files to publish, and the
+   column types learned so far — this replace is the commit point;
+3. rename the files into place.
+
+Recovery redoes step 3 from the last commit record, deletes every other staged file
+(uncommitted work), and the router replays the spool from the cursor; rows of a
+partition whose position is not past its published mark are skipped, so a replay never
+writes a row twice. The cursor never passes the first record of a file still open.
 """
 
 from __future__ import annotations
 
+import datetime
 import socket
 from typing import Any
 
-from twisted.internet import defer, task
-from twisted.logger import Logger
+from twisted.internet import defer, task, threads
 
 from logrouter import registry
 from logrouter.batch import Batch
 from logrouter.config.options import Option, positive
-from logrouter.lake.writer import LakeWriter
+from logrouter.lake.partition import PartitionError
+from logrouter.lake.schema import TYPE_NAMES, ColumnTypes
+from logrouter.lake.writer import LakeWriter, SealedFile
 from logrouter.serial import SerialWorker
+from logrouter.sinks.base import SINK_OPTIONS, SinkBase
 
-_TICK = object()  # a queued item that only asks the worker to seal files that are due
-_STOP = object()  # seal and publish everything open
+_TICK = "tick"  # seal what is due, move the cursor
+_STOP = "stop"  # seal and publish everything open
+_ROWS = "rows"
+
+CURSOR_SAVE_SECS = 1.0  # a cursor-only commit (nothing sealed) at most this often
+MAX_BUFFERED_BYTES = 64 << 20  # rows held in Python before they are encoded anyway
 
 
 def _check_path(value: str) -> None:
@@ -33,12 +50,24 @@ def _check_path(value: str) -> None:
 
 
 def _check_writer_id(value: str) -> None:
-    if not value or any(c in value for c in "/\\\0") or value.startswith((".", "_")):
-        raise ValueError(f"must be a non-empty file-name-safe string not starting with '.' or '_', got {value!r}")
+    if value and (any(c in value for c in "/\\\0") or value.startswith((".", "_"))):
+        raise ValueError(f"must be a file-name-safe string not starting with '.' or '_', got {value!r}")
+
+
+def _check_columns(value: dict) -> None:
+    try:
+        ColumnTypes(value)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{e} (types: {', '.join(sorted(TYPE_NAMES))})") from None
+
+
+def _default_writer_id(name: str) -> str:
+    host = "".join(c if c.isalnum() or c in "-." else "-" for c in socket.gethostname()) or "host"
+    return f"{host}-{name}"
 
 
 @registry.sink("parquet")
-class ParquetSink:
+class ParquetSink(SinkBase):
     OPTIONS = {
         "path": Option(str, doc="lake root: a directory or file:// URI", check=_check_path),
         "writer_id": Option(
@@ -46,61 +75,192 @@ class ParquetSink:
         ),
         "roll_bytes": Option(int, 128 << 20, "seal a file once it holds about this many bytes", positive),
         "roll_secs": Option((int, float), 300, "seal a file this long after it was opened", positive),
+        "row_group_rows": Option(int, 10_000, "rows per Parquet row group (bounds memory per open file)", positive),
+        "compression": Option(str, "zstd", "Parquet compression codec"),
+        "columns": Option(dict, {}, "declared column types, e.g. { status = \"int\" }", _check_columns),
+        **SINK_OPTIONS,
     }
-    log = Logger(namespace="logrouter.sink.parquet")
 
     def __init__(self, name: str, options: dict[str, Any], errors: Any, reactor: Any) -> None:
-        self.name = name
-        self.options = options
-        self.errors = errors
-        self.reactor = reactor
-        root = options["path"].removeprefix("file://")
-        writer_id = options["writer_id"] or f"{socket.gethostname()}-{name}"
-        self.writer = LakeWriter(root, writer_id, options["roll_bytes"], options["roll_secs"])
+        super().__init__(name, options, errors, reactor)
+        self.root = options["path"].removeprefix("file://")
+        self.writer_id = options["writer_id"] or _default_writer_id(name)
+        self.writer = self._new_writer()
         self.worker = SerialWorker(reactor, self._work, f"logrouter-parquet-{name}")
         self.ticker = task.LoopingCall(self._tick)
         self.ticker.clock = reactor
+        self.fed_end = 0  # end of the last spool record handed over (reactor thread)
+        self.published: dict[tuple[str, int], int] = {}  # partition -> last position published
         self.files_published = 0
         self.rows_published = 0
-        self.events_in = 0
+        self.commits = 0
+        self._saved_cursor = -1
+        self._saved_at = float("-inf")
+        self._stopping = False
+
+    def _new_writer(self) -> LakeWriter:
+        types = ColumnTypes(self.options["columns"])
+        return LakeWriter(
+            self.root,
+            self.writer_id,
+            self.options["roll_bytes"],
+            self.options["roll_secs"],
+            self.options["row_group_rows"],
+            column_types=types,
+            compression=self.options["compression"],
+        )
+
+    # -- lifecycle (reactor thread) ----------------------------------------------------
 
     def start(self) -> defer.Deferred:
-        self.writer.discard_staging()
-        interval = min(1.0, float(self.options["roll_secs"]) / 4)
-        self.ticker.start(interval, now=False)
-        return defer.succeed(None)
+        d = threads.deferToThread(self._recover)
 
-    def write(self, batch: Batch) -> None:
+        def started(cursor: int) -> int:
+            self.cursor = self.fed_end = cursor
+            self.ticker.start(min(1.0, float(self.options["roll_secs"]) / 4), now=False)
+            return cursor
+
+        return d.addCallback(started)
+
+    def _recover(self) -> int:
+        """Finish the last commit, drop uncommitted staging files; the cursor to resume from."""
+        state = self.state.load() if self.state is not None else None
+        if state:
+            self.published = {(tag, bucket): mark for tag, bucket, mark in state.get("published", [])}
+            self.writer.column_types.restore(state.get("columns", []))
+            pending = [SealedFile.from_dict(f) for f in state.get("files", [])]
+            self.writer.publish(pending, missing_ok=True)
+            self._saved_cursor = state["cursor"]
+        removed = self.writer.discard_staging()
+        if removed:
+            self.log.info(
+                "parquet sink {name}: discarded {count} uncommitted staging file(s); they will be rewritten from the spool",
+                name=self.name,
+                count=len(removed),
+            )
+        return state["cursor"] if state else 0
+
+    def write(self, batch: Batch, position: int, size: int) -> None:
         self.events_in += len(batch.events)
-        self.worker.submit((batch, self.reactor.seconds())).addErrback(self._failed)
+        self.queued_bytes += size
+        self._submit((_ROWS, batch, position, size))
+
+    def advance(self, end: int) -> None:
+        self.fed_end = end
 
     def _tick(self) -> None:
-        if not self.worker.busy:
-            self.worker.submit((_TICK, self.reactor.seconds())).addErrback(self._failed)
+        if not self.worker.busy and not self.failing:
+            self._submit((_TICK,))
 
     def stop(self) -> defer.Deferred:
+        self._stopping = True
         if self.ticker.running:
             self.ticker.stop()
-        d = self.worker.submit((_STOP, self.reactor.seconds()))
-        d.addErrback(self._failed)
+        self.cancel_retry()
+        d = self.worker.idle() if self.failing else self._submit((_STOP,))
         d.addCallback(lambda _: self.worker.stop())
         return d
 
-    # -- worker thread -------------------------------------------------------------
+    def _submit(self, item: tuple) -> defer.Deferred:
+        d = self.worker.submit((item, self.reactor.seconds(), self.fed_end))
+        d.addCallbacks(self._done, self._failed)
+        return d
 
-    def _work(self, items: list[tuple[Any, float]]) -> None:
-        stop = False
-        now = items[-1][1]
-        for item, _ in items:
-            if item is _STOP:
-                stop = True
-            elif item is not _TICK:
-                self.writer.write(item.tag, item.events, now)
-        sealed = self.writer.seal_all() if stop else self.writer.seal_due(now)
-        if sealed:
-            self.writer.publish(sealed)
-            self.files_published += len(sealed)
-            self.rows_published += sum(s.rows for s in sealed)
+    def _done(self, result: "_Once") -> None:
+        taken = result.take()
+        if taken is None:
+            return  # every Deferred of one run gets the same result; only the first applies it
+        freed, cursor, refused = taken
+        self.queued_bytes -= freed
+        self.cursor = max(self.cursor, cursor)
+        for tag, reason, events in refused:
+            for _, record in events:
+                self.errors(self.name, tag, record, reason)
+        self.succeeded()
+        self.on_progress()
 
     def _failed(self, failure: Any) -> None:
-        self.log.failure("parquet sink {name}: write failed", failure, name=self.name)
+        if self.failing:
+            return  # already failing: the same run's other Deferreds
+        self.queued_bytes = 0
+        self.fail(failure)
+        self.on_progress()
+
+    # -- worker thread -----------------------------------------------------------------
+
+    def _work(self, items: list[tuple[tuple, float, int]]) -> "_Once":
+        """One run over everything queued. Returns a one-shot holder of the result so
+        only the first Deferred of the run applies it."""
+        try:
+            result = self._run(items)
+        except BaseException:
+            self.writer.abort()
+            raise
+        return _Once(result)
+
+    def _run(self, items: list[tuple[tuple, float, int]]) -> tuple[int, int, list]:
+        freed = 0
+        stop = False
+        refused: list = []
+        now = items[-1][1]
+        processed_end = items[-1][2]
+        for item, _, _ in items:
+            kind = item[0]
+            if kind == _ROWS:
+                _, batch, position, size = item
+                freed += size
+                try:
+                    self.writer.write(batch.tag, batch.events, now, position, self.published)
+                except PartitionError as e:
+                    refused.append((batch.tag, f"tag cannot name a partition: {e}", batch.events))
+            elif kind == _STOP:
+                stop = True
+        if self.writer.buffered_bytes > MAX_BUFFERED_BYTES:
+            self.writer.flush()
+        sealed = self.writer.seal_all() if stop else self.writer.seal_due(now)
+        oldest = self.writer.oldest_open_mark()
+        cursor = processed_end if oldest is None else min(oldest, processed_end)
+        if sealed or stop or (cursor > self._saved_cursor and now - self._saved_at >= CURSOR_SAVE_SECS):
+            self._commit(sealed, cursor, now)
+        return freed, max(cursor, self._saved_cursor), refused
+
+    def _commit(self, sealed: list[SealedFile], cursor: int, now: float) -> None:
+        for file in sealed:
+            key = (file.tag, _bucket(file))
+            self.published[key] = max(self.published.get(key, -1), file.last_mark)
+        # Marks below the cursor can never be replayed again: forget them.
+        self.published = {k: m for k, m in self.published.items() if m >= cursor}
+        if self.state is not None:
+            self.state.save(
+                {
+                    "cursor": cursor,
+                    "published": [[tag, bucket, mark] for (tag, bucket), mark in self.published.items()],
+                    "files": [f.to_dict() for f in sealed],
+                    "columns": self.writer.column_types.export(),
+                }
+            )
+        self.writer.publish(sealed)
+        self._saved_cursor = cursor
+        self._saved_at = now
+        self.commits += 1
+        self.files_published += len(sealed)
+        self.rows_published += sum(f.rows for f in sealed)
+
+
+def _bucket(file: SealedFile) -> int:
+    """The hour bucket (hours since the epoch) of a sealed file's partition."""
+    day = datetime.date.fromisoformat(file.dt)
+    return (day.toordinal() - datetime.date(1970, 1, 1).toordinal()) * 24 + int(file.hour)
+
+
+class _Once:
+    """A run's result, handed to whichever of the run's Deferreds fires first."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def take(self) -> Any:
+        value, self.value = self.value, None
+        return value

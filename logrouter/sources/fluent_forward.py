@@ -42,7 +42,7 @@ class ForwardProtocol(StreamProtocol):
             if on_durable is not None:
                 on_durable()
             return
-        self.submit(Batch(message.tag, message.events), on_durable)
+        self.submit(Batch(message.tag, message.events), on_durable, chunk)
 
 
 @registry.source("fluent_forward")

@@ -118,10 +118,14 @@ class StreamProtocol(protocol.Protocol, TimeoutMixin):
         self.setTimeout(None)
         self.transport.loseConnection()
 
-    def submit(self, batch: Batch, on_durable: Callable[[], None] | None = None) -> None:
-        """Hand ``batch`` to the router; call ``on_durable`` once it is stored as configured."""
+    def submit(self, batch: Batch, on_durable: Callable[[], None] | None = None, key: bytes | None = None) -> None:
+        """Hand ``batch`` to the router; call ``on_durable`` once it is stored as configured.
+
+        ``key`` is the client's id for the batch, if its protocol has one: a retransmission
+        of a stored id is acked without being stored twice.
+        """
         batch.source = self.source.name
-        d = self.source.router.ingest(batch)
+        d = self.source.router.ingest(batch, key)
         self.pending.add(d)
 
         def durable(_: Any) -> None:

@@ -1,0 +1,94 @@
+"""What the router expects of a sink, and the retry/backoff every sink shares.
+
+The router feeds a sink the spool's records in order: ``write(batch, position, size)``
+for each batch a record yields for this sink (there may be none), then
+``advance(end)`` once the record is fully handed over. The sink reports back through
+two numbers and one callback:
+
+* ``cursor``: every record before this spool position is done for good (committed
+  into the lake, acked by the next hop); the spool keeps what lies after it, and a
+  restart resumes from it.
+* ``queued_bytes``: memory held for records handed over but not done; above
+  ``max_queue_bytes`` the router stops feeding the sink live and lets it catch up
+  from the spool later, so a slow sink costs disk, not memory.
+* ``on_progress()``: called by the sink whenever those numbers moved.
+
+When a sink fails (disk full, next hop down) it drops what it holds, waits with capped
+exponential backoff on the injected clock, then asks to be fed again from its cursor
+(``on_rewind()``), so the retry goes through the spool like any catch-up.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from twisted.logger import Logger
+
+from logrouter.config.options import Option, positive
+from logrouter.sinks.state import SinkState
+
+SINK_OPTIONS: dict[str, Option] = {
+    "max_queue_bytes": Option(
+        int, 64 << 20, "memory for records handed to this sink and not yet done", positive
+    ),
+    "retry_initial_secs": Option((int, float), 1.0, "first wait after a failure", positive),
+    "retry_max_secs": Option((int, float), 60.0, "longest wait between retries", positive),
+}
+
+
+def _nothing() -> None:
+    pass
+
+
+class SinkBase:
+    """Bookkeeping shared by sinks: progress numbers, callbacks and retry backoff."""
+
+    OPTIONS = SINK_OPTIONS
+    log = Logger(namespace="logrouter.sink")
+
+    def __init__(self, name: str, options: dict[str, Any], errors: Any, reactor: Any) -> None:
+        self.name = name
+        self.options = options
+        self.errors = errors
+        self.reactor = reactor
+        self.cursor = 0
+        self.queued_bytes = 0
+        self.state: SinkState | None = None
+        self.on_progress: Callable[[], None] = _nothing
+        self.on_rewind: Callable[[], None] = _nothing
+        self.events_in = 0
+        self.failures = 0
+        self.failing = False
+        self._retry_delay = 0.0
+        self._retry_call: Any = None
+
+    def fail(self, failure: Any) -> None:
+        """The sink lost what it held: log, back off, then ask to be fed from ``cursor``."""
+        self.failures += 1
+        self.failing = True
+        initial = float(self.options["retry_initial_secs"])
+        self._retry_delay = min(float(self.options["retry_max_secs"]), self._retry_delay * 2 or initial)
+        self.log.error(
+            "{type} sink {name} failed: {error}; retrying from spool position {cursor} in {delay:.1f}s",
+            type=self.TYPE,
+            name=self.name,
+            error=failure.getErrorMessage() if hasattr(failure, "getErrorMessage") else failure,
+            cursor=self.cursor,
+            delay=self._retry_delay,
+        )
+        if self._retry_call is None or not self._retry_call.active():
+            self._retry_call = self.reactor.callLater(self._retry_delay, self._retry)
+
+    def _retry(self) -> None:
+        self._retry_call = None
+        self.failing = False
+        self.on_rewind()
+
+    def succeeded(self) -> None:
+        """A unit of work went through: the next failure starts the backoff afresh."""
+        self._retry_delay = 0.0
+
+    def cancel_retry(self) -> None:
+        if self._retry_call is not None and self._retry_call.active():
+            self._retry_call.cancel()
+        self._retry_call = None
