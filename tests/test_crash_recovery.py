@@ -1,0 +1,216 @@
+"""Crash safety end to end: ``kill -9`` at random moments loses and doubles nothing.
+
+A client streams PackedForward chunks with ``chunk`` ids to the real daemon and, like
+out_forward, resends every chunk it has no ack for after reconnecting. The daemon is
+killed with SIGKILL at random moments (after a random number of acks plus a random
+delay, so kills land during appends, fsyncs, Parquet writes and commits), restarted,
+and at the end the lake must hold every acknowledged event exactly once.
+
+Bounds: KILL_CYCLES cycles, at most MAX_CHUNKS_PER_CYCLE chunks of EVENTS_PER_CHUNK
+events each per cycle, every wait time-limited; loopback only.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import random
+import signal
+import socket
+import threading
+import time
+
+import msgpack
+import pytest
+
+from daemon import Daemon
+from logrouter.lake.dataset import lake_dataset
+from logrouter.wire.fluent_forward import encode_ack, encode_packed_forward
+
+KILL_CYCLES = 6
+EVENTS_PER_CHUNK = 100
+MAX_CHUNKS_PER_CYCLE = 400
+T0 = 1_700_000_000 * 10**9
+
+CONFIG = """
+[spool]
+path = "spool"
+segment_bytes = 65536          # many segments, so trimming runs while we kill
+
+[sources.forward]
+type = "fluent_forward"
+listen = "tcp:0:interface=127.0.0.1"
+
+[sinks.lake]
+type = "parquet"
+inputs = ["forward"]
+path = "lake"
+roll_secs = 0.2                # commits all the time, so kills land inside them
+roll_bytes = 200000
+row_group_rows = 500
+"""
+
+
+def chunk_message(chunk_no: int) -> tuple[bytes, bytes]:
+    chunk_id = f"chunk-{chunk_no:06d}\n".encode()
+    events = [
+        # Spread over two hours so every chunk touches two partitions.
+        (T0 + (chunk_no % 2) * 3600 * 10**9 + i, {"id": f"{chunk_no}-{i}", "n": i, "msg": "x" * 40})
+        for i in range(EVENTS_PER_CHUNK)
+    ]
+    message = encode_packed_forward("crash.test", events, {"size": EVENTS_PER_CHUNK, "chunk": chunk_id.decode()})
+    return message, chunk_id
+
+
+class Client:
+    """Sends chunks one at a time, waits for each ack, resends unacked ones after a reconnect."""
+
+    def __init__(self) -> None:
+        self.next_chunk = 0
+        self.unacked: collections.OrderedDict[int, None] = collections.OrderedDict()
+        self.acked: set[int] = set()
+        self.acked_this_cycle = 0
+        self.resent = 0  # chunks sent again because their ack never came
+        self.sent_once: set[int] = set()
+        self.progress = threading.Condition()
+
+    def run(self, port: int, max_chunks: int, deadline: float) -> None:
+        """Until the connection breaks (the daemon was killed), or the bounds are hit."""
+        try:
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        except OSError:
+            return
+        unpacker = msgpack.Unpacker(raw=True)
+        try:
+            sent = 0
+            while sent < max_chunks and time.monotonic() < deadline:
+                if self.unacked:
+                    chunk_no = next(iter(self.unacked))  # oldest unacked first, as out_forward retries
+                else:
+                    chunk_no = self.next_chunk
+                    self.next_chunk += 1
+                    self.unacked[chunk_no] = None
+                message, chunk_id = chunk_message(chunk_no)
+                if chunk_no in self.sent_once:
+                    self.resent += 1
+                self.sent_once.add(chunk_no)
+                sock.sendall(message)
+                sent += 1
+                reply = None
+                while reply is None:
+                    data = sock.recv(4096)
+                    if not data:
+                        return
+                    unpacker.feed(data)
+                    for reply in unpacker:
+                        break
+                assert reply == {b"ack": chunk_id}, reply
+                del self.unacked[chunk_no]
+                with self.progress:
+                    self.acked.add(chunk_no)
+                    self.acked_this_cycle += 1
+                    self.progress.notify_all()
+        except OSError:
+            return
+        finally:
+            sock.close()
+
+
+def test_kill_9_at_random_moments_loses_and_doubles_nothing(tmp_path):
+    rng = random.Random(int(os.environ.get("LOGROUTER_CRASH_SEED", "20261122")))
+    client = Client()
+    kills = 0
+    for cycle in range(KILL_CYCLES):
+        with Daemon(tmp_path, CONFIG) as daemon:
+            daemon.start()
+            port = daemon.port("forward")
+            client.acked_this_cycle = 0
+            target = rng.randint(3, 40)
+            delay = rng.uniform(0, 0.15)
+
+            def killer() -> None:
+                with client.progress:
+                    client.progress.wait_for(lambda: client.acked_this_cycle >= target, timeout=60)
+                threading.Event().wait(delay)  # a random moment after the target was reached
+                daemon.process.send_signal(signal.SIGKILL)
+
+            thread = threading.Thread(target=killer)
+            thread.start()
+            client.run(port, MAX_CHUNKS_PER_CYCLE, time.monotonic() + 120)
+            thread.join(90)
+            assert daemon.process.wait(30) == -signal.SIGKILL
+            kills += 1
+
+    # Last run: everything unacked is resent, then a graceful stop commits the rest.
+    with Daemon(tmp_path, CONFIG) as daemon:
+        daemon.start()
+        client.run(daemon.port("forward"), len(client.unacked) + 5, time.monotonic() + 120)
+        assert not client.unacked
+        daemon.stop_gracefully()
+        assert "resuming from spool position" in daemon.output or kills == 0
+
+    assert kills == KILL_CYCLES
+    print(f"{kills} kills, {len(client.acked)} chunks acked ({len(client.acked) * EVENTS_PER_CHUNK} events), "
+          f"{client.resent} resent after a kill")
+    table = lake_dataset(str(tmp_path / "lake")).to_table(columns=["id"])
+    ids = table.column("id").to_pylist()
+    counts = collections.Counter(ids)
+    doubled = [i for i, c in counts.items() if c > 1]
+    expected = {f"{c}-{i}" for c in client.acked for i in range(EVENTS_PER_CHUNK)}
+    assert not doubled, f"{len(doubled)} ids landed more than once, e.g. {doubled[:5]}"
+    assert set(ids) == expected, f"missing {len(expected - set(ids))}, unexpected {len(set(ids) - expected)}"
+    assert len(client.acked) >= KILL_CYCLES * 3
+    assert not list((tmp_path / "lake" / "_staging").rglob("*.parquet"))
+
+
+def test_retransmitted_chunk_is_acked_but_stored_once_across_a_restart(tmp_path):
+    message, chunk_id = chunk_message(7)
+    ack = encode_ack(chunk_id)
+    for _ in range(2):
+        with Daemon(tmp_path, CONFIG) as daemon:
+            daemon.start()
+            with socket.create_connection(("127.0.0.1", daemon.port("forward")), timeout=10) as sock:
+                for _ in range(3):  # the same chunk three times on one connection
+                    sock.sendall(message)
+                    data = b""
+                    while len(data) < len(ack):
+                        part = sock.recv(len(ack) - len(data))
+                        assert part
+                        data += part
+                    assert data == ack
+            daemon.stop_gracefully()
+    table = lake_dataset(str(tmp_path / "lake")).to_table(columns=["id"])
+    assert sorted(table.column("id").to_pylist()) == sorted(f"7-{i}" for i in range(EVENTS_PER_CHUNK))
+
+
+@pytest.mark.parametrize("flip_at", ["header", "payload"])
+def test_corrupt_spool_record_is_quarantined_and_the_rest_replayed(tmp_path, flip_at):
+    """A record damaged on disk before a sink committed it: startup goes on, the rest lands."""
+    config = CONFIG.replace("roll_secs = 0.2", "roll_secs = 3600")
+    with Daemon(tmp_path, config) as daemon:
+        daemon.start()
+        with socket.create_connection(("127.0.0.1", daemon.port("forward")), timeout=10) as sock:
+            for n in range(3):
+                message, chunk_id = chunk_message(n)
+                sock.sendall(message)
+                ack = encode_ack(chunk_id)
+                data = b""
+                while len(data) < len(ack):
+                    data += sock.recv(len(ack) - len(data))
+        daemon.process.send_signal(signal.SIGKILL)  # nothing committed to the lake yet
+        assert daemon.process.wait(30) == -signal.SIGKILL
+    segment = sorted((tmp_path / "spool").glob("*.seg"))[0]
+    data = bytearray(segment.read_bytes())
+    # Damage the second record (chunk 1): its header, or a byte inside its payload.
+    from logrouter.spool.segment import HEADER_SIZE, walk
+
+    second = list(walk(bytes(data)))[1]
+    data[second.offset + (5 if flip_at == "header" else HEADER_SIZE + 50)] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    with Daemon(tmp_path, config) as daemon:
+        daemon.start()
+        daemon.wait_for(r"moved aside to .*quarantine")
+        daemon.stop_gracefully()
+    ids = lake_dataset(str(tmp_path / "lake")).to_table(columns=["id"]).column("id").to_pylist()
+    assert sorted(ids) == sorted(f"{c}-{i}" for c in (0, 2) for i in range(EVENTS_PER_CHUNK))
+    assert len(list((tmp_path / "spool" / "quarantine").glob("*.bad"))) == 1
