@@ -174,7 +174,7 @@ class Router:
         self.routed_end = end
         if key is not None:
             self.dedupe.finish(key, position)
-        targets = frozenset(name for name, feed in self.feeds.items() if feed.live)
+        targets = frozenset(name for name, feed in self.feeds.items() if feed.live and not feed.sink.failing)
         if targets:
             for node in self.routes[batch.source]:
                 node.push(batch, position, size, targets)
@@ -230,6 +230,10 @@ class Router:
         self.reactor.callLater(1.0, self._catch_up, feed)
 
     def _progress(self, feed: SinkFeed) -> None:
+        if feed.sink.failing and (feed.live or feed.reading is not None):
+            # It dropped what it held; it asks to be fed from its cursor once it retries.
+            feed.live = False
+            feed.epoch += 1
         self._check_backpressure()
         self._trim()
         if not feed.live:

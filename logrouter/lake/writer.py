@@ -377,3 +377,4 @@ class LakeWriter:
                 self.fs.remove(sealed.staging_path)
         self._files.clear()
         self._ready.clear()
+        self._staging_made = False  # whatever broke may have taken the directory with it

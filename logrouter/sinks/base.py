@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from twisted.internet import defer
 from twisted.logger import Logger
 
 from logrouter.config.options import Option, positive
@@ -59,6 +60,7 @@ class SinkBase:
         self.events_in = 0
         self.failures = 0
         self.failing = False
+        self.epoch = 0  # bumped on failure: work queued before it is stale
         self._retry_delay = 0.0
         self._retry_call: Any = None
 
@@ -66,6 +68,8 @@ class SinkBase:
         """The sink lost what it held: log, back off, then ask to be fed from ``cursor``."""
         self.failures += 1
         self.failing = True
+        self.epoch += 1
+        self.queued_bytes = 0
         initial = float(self.options["retry_initial_secs"])
         self._retry_delay = min(float(self.options["retry_max_secs"]), self._retry_delay * 2 or initial)
         self.log.error(
@@ -81,8 +85,17 @@ class SinkBase:
 
     def _retry(self) -> None:
         self._retry_call = None
-        self.failing = False
-        self.on_rewind()
+        d = defer.maybeDeferred(self.reset)
+
+        def ready(_: Any) -> None:
+            self.failing = False
+            self.on_rewind()
+
+        d.addCallbacks(ready, self.fail)
+
+    def reset(self) -> Any:
+        """Drop whatever was done since the last commit, before being fed from ``cursor``."""
+        return None
 
     def succeeded(self) -> None:
         """A unit of work went through: the next failure starts the backoff afresh."""

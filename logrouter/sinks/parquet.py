@@ -36,6 +36,7 @@ from logrouter.sinks.base import SINK_OPTIONS, SinkBase
 _TICK = "tick"  # seal what is due, move the cursor
 _STOP = "stop"  # seal and publish everything open
 _ROWS = "rows"
+_RESET = "reset"  # drop open files after a failure, before the spool is replayed
 
 CURSOR_SAVE_SECS = 1.0  # a cursor-only commit (nothing sealed) at most this often
 MAX_BUFFERED_BYTES = 64 << 20  # rows held in Python before they are encoded anyway
@@ -161,8 +162,11 @@ class ParquetSink(SinkBase):
         d.addCallback(lambda _: self.worker.stop())
         return d
 
+    def reset(self) -> defer.Deferred:
+        return self._submit((_RESET,))
+
     def _submit(self, item: tuple) -> defer.Deferred:
-        d = self.worker.submit((item, self.reactor.seconds(), self.fed_end))
+        d = self.worker.submit((item, self.reactor.seconds(), self.fed_end, self.epoch))
         d.addCallbacks(self._done, self._failed)
         return d
 
@@ -171,7 +175,7 @@ class ParquetSink(SinkBase):
         if taken is None:
             return  # every Deferred of one run gets the same result; only the first applies it
         freed, cursor, refused = taken
-        self.queued_bytes -= freed
+        self.queued_bytes = max(0, self.queued_bytes - freed)
         self.cursor = max(self.cursor, cursor)
         for tag, reason, events in refused:
             for _, record in events:
@@ -188,7 +192,7 @@ class ParquetSink(SinkBase):
 
     # -- worker thread -----------------------------------------------------------------
 
-    def _work(self, items: list[tuple[tuple, float, int]]) -> "_Once":
+    def _work(self, items: list[tuple[tuple, float, int, int]]) -> "_Once":
         """One run over everything queued. Returns a one-shot holder of the result so
         only the first Deferred of the run applies it."""
         try:
@@ -198,15 +202,20 @@ class ParquetSink(SinkBase):
             raise
         return _Once(result)
 
-    def _run(self, items: list[tuple[tuple, float, int]]) -> tuple[int, int, list]:
+    def _run(self, items: list[tuple[tuple, float, int, int]]) -> tuple[int, int, list]:
         freed = 0
         stop = False
         refused: list = []
         now = items[-1][1]
         processed_end = items[-1][2]
-        for item, _, _ in items:
+        for item, _, _, epoch in items:
             kind = item[0]
-            if kind == _ROWS:
+            if kind == _RESET:
+                self.writer.abort()
+                processed_end = self._saved_cursor
+            elif epoch != self.epoch:
+                continue  # queued before a failure: the replay from the cursor brings it again
+            elif kind == _ROWS:
                 _, batch, position, size = item
                 freed += size
                 try:

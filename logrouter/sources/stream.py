@@ -3,8 +3,11 @@
 It owns what all stream protocols have in common: connection bookkeeping and caps, the
 peer's name for log lines, idle timeouts, feeding bytes to the codec, closing a
 connection on bad input (that connection only), handing batches to the router and
-sending replies only once the router reports them durable, and pausing/resuming reads
-for backpressure. A protocol module adds its codec and what to do with each frame.
+sending replies only once the router reports them durable, pausing/resuming reads
+for backpressure, and TLS peer information (the verified client certificate, a readable
+line when a TLS handshake fails). A protocol module adds its codec and what to do with
+each frame; hooks let it speak first (``connection_ready``), choose its listening
+endpoint (``endpoint``) and open more ports next to the main one (``port_opened``).
 """
 
 from __future__ import annotations
@@ -12,9 +15,12 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from twisted.internet import defer, endpoints, protocol
+from twisted.internet.interfaces import IHandshakeListener
 from twisted.logger import Logger
 from twisted.protocols.policies import TimeoutMixin
+from zope.interface import implementer
 
+from logrouter import tls
 from logrouter.batch import Batch
 from logrouter.config.endpoints import listen_option
 from logrouter.config.options import Option, non_negative, positive
@@ -36,6 +42,7 @@ def peer_name(transport: Any) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+@implementer(IHandshakeListener)
 class StreamProtocol(protocol.Protocol, TimeoutMixin):
     """Per-connection glue between a transport, a codec and the router."""
 
@@ -45,6 +52,8 @@ class StreamProtocol(protocol.Protocol, TimeoutMixin):
         self.source = source
         self.peer = "?"
         self.closing = False
+        self.tls_established = False  # set once a TLS handshake completed
+        self.tls_peer: str | None = None  # the verified client certificate's subject
         self.pending: set[defer.Deferred] = set()
         self.callLater = source.reactor.callLater  # TimeoutMixin schedules through this
 
@@ -54,6 +63,12 @@ class StreamProtocol(protocol.Protocol, TimeoutMixin):
     def handle(self, message: Any) -> None:
         """Act on one decoded frame."""
         raise NotImplementedError
+
+    def connection_ready(self) -> None:
+        """Called once an accepted connection is set up: protocols that speak first greet here.
+
+        Over TLS this runs before the TLS handshake; what is written is sent once it completes.
+        """
 
     # -- Twisted callbacks ---------------------------------------------------------
 
@@ -74,6 +89,13 @@ class StreamProtocol(protocol.Protocol, TimeoutMixin):
             self.setTimeout(self.source.options["idle_timeout_secs"])
         if self.source.paused:
             self.transport.pauseProducing()
+        self.connection_ready()
+
+    def handshakeCompleted(self) -> None:
+        """The TLS handshake is done (``IHandshakeListener``): note the client certificate."""
+        # Not logged: out_forward's TCP heartbeat opens a connection every second.
+        self.tls_established = True
+        self.tls_peer = tls.peer_subject(self.transport)
 
     def dataReceived(self, data: bytes) -> None:
         if self.closing:
@@ -91,6 +113,17 @@ class StreamProtocol(protocol.Protocol, TimeoutMixin):
 
     def connectionLost(self, reason: Any = None) -> None:
         self.setTimeout(None)
+        if not self.closing:
+            tls_failure = tls.failure_reason(self.transport, reason)
+            if tls_failure is not None:
+                self.source.tls_errors += 1
+                self.log.warn(
+                    "{protocol} {peer}: TLS {phase} failed: {reason}; connection closed",
+                    protocol=self.source.TYPE,
+                    peer=self.peer,
+                    phase="connection" if self.tls_established else "handshake",
+                    reason=tls_failure,
+                )
         self.closing = True
         self.source.remove_connection(self)
 
@@ -178,16 +211,25 @@ class StreamSource:
         self.port: Any = None
         self.decode_errors = 0
         self.connections_total = 0
+        self.tls_errors = 0  # TLS handshakes/connections that failed (e.g. a bad client certificate)
 
     def factory(self) -> protocol.Factory:
         return StreamFactory(self)
 
+    def endpoint(self) -> Any:
+        """The endpoint to listen on; sources with their own TLS settings override this."""
+        return endpoints.serverFromString(self.reactor, self.options["listen"])
+
+    def port_opened(self, port: Any) -> None:
+        """Called once the main port listens, before it is announced; may raise to fail the start."""
+
     def start(self) -> defer.Deferred:
-        endpoint = endpoints.serverFromString(self.reactor, self.options["listen"])
+        endpoint = self.endpoint()
         d = endpoint.listen(self.factory())
 
         def listening(port: Any) -> None:
             self.port = port
+            self.port_opened(port)
             address = port.getHost()
             self.log.info(
                 "{type} source {name} listening on {host} port {port}",

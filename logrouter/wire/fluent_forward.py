@@ -10,8 +10,8 @@ It owns the bytes a forward client sends and the ack a server answers with:
 - Encoders for acks and for the three carrier modes (used by tests and forward clients).
 
 Wire facts and the quirks of real peers are in ``protocols/fluent-forward.md``; the
-section numbers in comments below refer to it. The handshake (HELO/PING/PONG) is not
-handled here.
+section numbers in comments below refer to it. The handshake (HELO/PING/PONG) is in
+``fluent_handshake``.
 """
 
 from __future__ import annotations
@@ -477,6 +477,8 @@ class ForwardDecoder:
     ``feed(data)`` returns the ``EventMessage``/``Heartbeat`` objects completed by
     ``data``, in order; partial messages stay buffered. Bad input raises
     ``ForwardDecodeError``; after a fatal one the decoder refuses further input.
+    With ``allow_json=False`` the stream is msgpack whatever its first byte (a session
+    that began with the msgpack handshake stays msgpack, as in_forward's does).
     """
 
     def __init__(
@@ -484,9 +486,11 @@ class ForwardDecoder:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
         now_ns: Callable[[], int] = _time.time_ns,
+        allow_json: bool = True,
     ) -> None:
         self.max_message_bytes = max_message_bytes
         self.max_decompressed_bytes = max_decompressed_bytes
+        self.allow_json = allow_json
         self.json_mode = False  # decided by the connection's first byte
         self._now_ns = now_ns
         self._framer: _MsgpackFramer | _JsonFramer | None = None
@@ -512,7 +516,7 @@ class ForwardDecoder:
 
     def _choose_framer(self, data: bytes) -> _MsgpackFramer | _JsonFramer:
         # in_forward switches a connection to JSON when its very first byte is { or [
-        self.json_mode = data[:1] in (b"{", b"[")
+        self.json_mode = self.allow_json and data[:1] in (b"{", b"[")
         if self.json_mode:
             return _JsonFramer(self.max_message_bytes)
         return _MsgpackFramer(self.max_message_bytes)

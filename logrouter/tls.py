@@ -1,0 +1,273 @@
+"""TLS for stream sources: server contexts with client-certificate checks, and TLS errors told plainly.
+
+Twisted's ``ssl:`` endpoint strings load a key and certificate but cannot ask clients for
+a certificate. This module builds the server context itself when a source wants client
+certificates, in one of three modes shared by every source:
+
+- ``none``: no client certificate is asked for (what a plain ``ssl:`` endpoint does);
+- ``optional``: a client may present one; if it does, it must be signed by the CA;
+- ``required``: every client must present a certificate signed by the CA.
+
+It also records why OpenSSL rejected a client certificate (the X.509 verify error, not
+just "certificate verify failed") and turns a TLS failure into one readable reason for
+the source's log line.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from OpenSSL import SSL
+from twisted.internet import endpoints, ssl
+from twisted.internet.interfaces import IOpenSSLContextFactory
+from twisted.protocols.tls import TLSMemoryBIOFactory
+from twisted.python.failure import Failure
+from twisted.python.filepath import FilePath
+from zope.interface import implementer
+
+CLIENT_CERT_MODES = ("none", "optional", "required")
+
+# What a rejected certificate's X.509 verify error is recorded as, on the TLS transport.
+VERIFY_ERROR_ATTRIBUTE = "logrouter_verify_error"
+
+_PEM_CERTIFICATE = re.compile(rb"-----BEGIN CERTIFICATE-----\r?\n.+?\r?\n-----END CERTIFICATE-----", re.DOTALL)
+
+# X509_V_ERR_* codes (openssl/x509_vfy.h) for the errors a client certificate usually has.
+_VERIFY_ERRORS = {
+    2: "unable to get issuer certificate",
+    7: "certificate signature failure",
+    9: "certificate is not yet valid",
+    10: "certificate has expired",
+    18: "self-signed certificate",
+    19: "self-signed certificate in certificate chain",
+    20: "unable to get local issuer certificate",
+    21: "unable to verify the first certificate",
+    23: "certificate revoked",
+    24: "invalid CA certificate",
+    26: "unsupported certificate purpose",
+    28: "certificate rejected",
+}
+
+
+# -- loading -----------------------------------------------------------------------------
+
+
+def load_ca_certificates(path: str) -> list[ssl.Certificate]:
+    """The certificates of a PEM bundle; ``ValueError`` with a readable reason if unusable."""
+    try:
+        data = FilePath(path).getContent()
+    except OSError as e:
+        raise ValueError(f"cannot read {path!r}: {e.strerror or e}") from None
+    blocks = _PEM_CERTIFICATE.findall(data)
+    if not blocks:
+        raise ValueError(f"{path!r} holds no PEM certificate (-----BEGIN CERTIFICATE-----)")
+    certificates = []
+    for i, block in enumerate(blocks):
+        try:
+            certificates.append(ssl.Certificate.loadPEM(block))
+        except Exception as e:  # OpenSSL.crypto.Error and friends
+            raise ValueError(f"{path!r}: certificate {i + 1} cannot be loaded: {e}") from None
+    return certificates
+
+
+def check_ca_file(path: str) -> None:
+    """An ``Option`` check: the CA file is readable and holds certificates (empty = unset)."""
+    if path:
+        load_ca_certificates(path)
+
+
+def check_client_cert_mode(value: str) -> None:
+    if value not in CLIENT_CERT_MODES:
+        raise ValueError(f"must be one of {', '.join(map(repr, CLIENT_CERT_MODES))}, got {value!r}")
+
+
+def server_options(
+    private_key: str,
+    certificate: str | None = None,
+    *,
+    extra_chain: str | None = None,
+    dh_parameters: str | None = None,
+    method: str | None = None,
+    client_certs: str = "none",
+    ca_file: str | None = None,
+) -> "ClientCertificateOptions | ssl.CertificateOptions":
+    """A server TLS context factory from PEM files (the same files an ``ssl:`` endpoint takes).
+
+    ``certificate`` defaults to ``private_key`` (one PEM holding both), ``extra_chain``
+    is a PEM of intermediate certificates, ``client_certs`` one of ``CLIENT_CERT_MODES``
+    with ``ca_file`` the PEM of the CA(s) client certificates must be signed by.
+    """
+    check_client_cert_mode(client_certs)
+    key_pem = FilePath(private_key).getContent()
+    cert_pem = FilePath(certificate or private_key).getContent()
+    own = ssl.PrivateCertificate.loadPEM(cert_pem + b"\n" + key_pem)
+    kwargs: dict[str, Any] = {
+        "privateKey": own.privateKey.original,
+        "certificate": own.original,
+    }
+    if extra_chain:
+        chain = load_ca_certificates(extra_chain)
+        kwargs["extraCertChain"] = [c.original for c in chain]
+    if dh_parameters:
+        kwargs["dhParameters"] = ssl.DiffieHellmanParameters.fromFile(FilePath(dh_parameters))
+    if method:
+        kwargs["method"] = getattr(SSL, method)
+    if client_certs == "none":
+        return ssl.CertificateOptions(**kwargs)
+    if not ca_file:
+        raise ValueError(f"client_certs {client_certs!r} needs a CA file")
+    authorities = load_ca_certificates(ca_file)
+    options = ssl.CertificateOptions(
+        verify=True,
+        caCerts=[c.original for c in authorities],
+        requireCertificate=client_certs == "required",
+        **kwargs,
+    )
+    return ClientCertificateOptions(options)
+
+
+@implementer(IOpenSSLContextFactory)
+class ClientCertificateOptions:
+    """A context factory around ``CertificateOptions`` that remembers why a client certificate failed.
+
+    OpenSSL reports every rejected chain as "certificate verify failed"; the verify
+    callback here keeps the X.509 error (e.g. "unable to get local issuer certificate")
+    and the certificate's subject on the TLS transport, where ``failure_reason`` finds it.
+    """
+
+    def __init__(self, options: ssl.CertificateOptions) -> None:
+        self.options = options
+        self._context: SSL.Context | None = None
+
+    def getContext(self) -> SSL.Context:
+        if self._context is None:
+            context = self.options.getContext()
+            context.set_verify(context.get_verify_mode(), _remember_verify_error)
+            self._context = context
+        return self._context
+
+
+def _remember_verify_error(connection: SSL.Connection, certificate: Any, errno: int, depth: int, ok: int) -> bool:
+    if not ok:
+        transport = connection.get_app_data()
+        if transport is not None and getattr(transport, VERIFY_ERROR_ATTRIBUTE, None) is None:
+            reason = _VERIFY_ERRORS.get(errno, f"X.509 verify error {errno}")
+            subject = _subject(certificate)
+            where = f"certificate {subject}" if depth == 0 else f"depth {depth} {subject}"
+            try:
+                setattr(transport, VERIFY_ERROR_ATTRIBUTE, f"{reason} ({where})")
+            except AttributeError:
+                pass
+    return bool(ok)
+
+
+def _subject(certificate: Any) -> str:
+    """``O=…/CN=…`` of a pyOpenSSL or ``cryptography`` certificate ("?" if unreadable)."""
+    try:
+        if hasattr(certificate, "to_cryptography"):
+            certificate = certificate.to_cryptography()
+        attributes = list(certificate.subject)
+    except Exception:
+        return "?"
+    return "/".join(f"{a.rfc4514_attribute_name}={a.value}" for a in attributes) or "(empty subject)"
+
+
+# -- endpoints ---------------------------------------------------------------------------
+
+
+def endpoint_kind(description: str) -> str:
+    """The endpoint type of a server endpoint string, lower-case (``tcp``, ``ssl``, ``unix`` …)."""
+    args, _ = endpoints._parse(description)
+    return str(args[0]).lower() if args else ""
+
+
+def server_endpoint(reactor: Any, description: str, client_certs: str = "none", ca_file: str | None = None) -> Any:
+    """The listening endpoint for ``description``, asking for client certificates if told to.
+
+    With ``client_certs`` ``"none"`` this is ``serverFromString``. Otherwise
+    ``description`` must be an ``ssl:`` endpoint; its options (``privateKey``,
+    ``certKey``, ``extraCertChain``, ``dhParameters``, ``sslmethod``, ``interface``,
+    ``backlog``) are honoured and the context verifies clients against ``ca_file``.
+    """
+    if client_certs == "none":
+        return endpoints.serverFromString(reactor, description)
+    args, kwargs = endpoints._parse(description)
+    if not args or str(args[0]).lower() != "ssl":
+        raise ValueError(f"client certificates need an ssl: endpoint, got {description!r}")
+    positional = args[1:]
+    port = kwargs.pop("port", positional[0] if positional else None)
+    if port is None:
+        raise ValueError(f"no port in {description!r}")
+    private_key = kwargs.pop("privateKey", positional[1] if len(positional) > 1 else "server.pem")
+    context = server_options(
+        private_key,
+        kwargs.pop("certKey", None),
+        extra_chain=kwargs.pop("extraCertChain", None),
+        dh_parameters=kwargs.pop("dhParameters", None),
+        method=kwargs.pop("sslmethod", None),
+        client_certs=client_certs,
+        ca_file=ca_file,
+    )
+    interface = kwargs.pop("interface", "")
+    backlog = int(kwargs.pop("backlog", 50))
+    if kwargs:
+        raise ValueError(f"unknown ssl endpoint option(s) {', '.join(sorted(kwargs))} in {description!r}")
+    return endpoints.SSL4ServerEndpoint(reactor, int(port), context, backlog=backlog, interface=interface)
+
+
+def check_server_endpoint(description: str, client_certs: str, ca_file: str | None) -> None:
+    """Build (not bind) the endpoint: ``ValueError`` with a readable reason if it cannot work."""
+    from twisted.internet import reactor
+
+    try:
+        server_endpoint(reactor, description, client_certs, ca_file)
+    except ValueError:
+        raise
+    except OSError as e:
+        raise ValueError(f"bad endpoint {description!r}: {e.strerror or e}: {e.filename or ''}".rstrip(": ")) from None
+    except Exception as e:  # OpenSSL errors for keys that do not match and the like
+        raise ValueError(f"bad endpoint {description!r}: {type(e).__name__}: {e}") from None
+
+
+def wrap_factory(factory: Any, context_factory: Any) -> TLSMemoryBIOFactory:
+    """TLS over any stream endpoint: wrap a server ``factory`` (e.g. for a ``tcp:`` listener
+    whose certificates come from a source's own options)."""
+    return TLSMemoryBIOFactory(context_factory, False, factory)
+
+
+# -- what happened -----------------------------------------------------------------------
+
+
+def _openssl_reasons(error: SSL.Error) -> str:
+    details = error.args[0] if error.args else None
+    if isinstance(details, list):
+        reasons = [str(item[-1]) for item in details if isinstance(item, tuple) and item and item[-1]]
+        if reasons:
+            return "; ".join(dict.fromkeys(reasons))
+    return str(error) or type(error).__name__
+
+
+def failure_reason(transport: Any, reason: Failure | None) -> str | None:
+    """Why a TLS connection failed, or None when ``reason`` is no TLS error (a plain close)."""
+    if reason is None or not isinstance(reason, Failure) or not reason.check(SSL.Error):
+        return None
+    text = _openssl_reasons(reason.value)
+    verify_error = getattr(transport, VERIFY_ERROR_ATTRIBUTE, None)
+    if verify_error:
+        return f"client certificate rejected: {verify_error}"
+    if "peer did not return a certificate" in text:
+        return "client certificate required but none was sent"
+    return text
+
+
+def peer_subject(transport: Any) -> str | None:
+    """The verified client certificate's subject (``CN=…/O=…``), or None without one."""
+    get = getattr(transport, "getPeerCertificate", None)
+    if get is None:
+        return None
+    try:
+        certificate = get()
+    except Exception:
+        return None
+    return None if certificate is None else _subject(certificate)

@@ -1,0 +1,145 @@
+"""Backpressure end to end: a failing sink fills the spool, sources pause, memory stays
+bounded; once the sink recovers everything stored is delivered, once.
+
+The sink is broken the way a full or broken disk breaks it: its staging directory is
+replaced by a plain file, so every attempt to open a Parquet file fails. It retries with
+backoff; when the blocker is removed the next retry catches up from the spool.
+
+Bounds: CHUNKS chunks of EVENTS_PER_CHUNK events, every wait time-limited, loopback only.
+"""
+
+from __future__ import annotations
+
+import collections
+import socket
+import threading
+import time
+import urllib.request
+
+import msgpack
+
+from daemon import Daemon
+from logrouter.lake.dataset import lake_dataset
+from logrouter.wire.fluent_forward import encode_packed_forward
+
+CHUNKS = 120
+EVENTS_PER_CHUNK = 1000
+MAX_SPOOL_BYTES = 3 << 20
+T0 = 1_700_000_000 * 10**9
+
+CONFIG = f"""
+[router]
+metrics_listen = "tcp:0:interface=127.0.0.1"
+
+[spool]
+path = "spool"
+max_bytes = {MAX_SPOOL_BYTES}
+segment_bytes = 1048576
+
+[sources.forward]
+type = "fluent_forward"
+listen = "tcp:0:interface=127.0.0.1"
+
+[sinks.lake]
+type = "parquet"
+inputs = ["forward"]
+path = "lake"
+writer_id = "bp"
+roll_secs = 0.5
+retry_initial_secs = 0.1
+retry_max_secs = 0.5
+max_queue_bytes = 1048576
+"""
+
+
+def metrics(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, value = line.rsplit(" ", 1)
+            values[key] = float(value)
+    return values
+
+
+def wait_until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+class Sender(threading.Thread):
+    """Sends every chunk, each waiting for its ack, like out_forward with require_ack_response."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(daemon=True)
+        self.port = port
+        self.acked = 0
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=120) as sock:
+                unpacker = msgpack.Unpacker(raw=True)
+                for n in range(CHUNKS):
+                    chunk = f"bp-{n}"
+                    events = [(T0 + i, {"id": f"{n}-{i}", "msg": "y" * 60}) for i in range(EVENTS_PER_CHUNK)]
+                    sock.sendall(encode_packed_forward("bp.test", events, {"chunk": chunk}))
+                    reply = None
+                    while reply is None:
+                        data = sock.recv(4096)
+                        assert data, "connection closed"
+                        unpacker.feed(data)
+                        reply = next(iter(unpacker), None)
+                    assert reply == {b"ack": chunk.encode()}
+                    self.acked += 1
+        except BaseException as e:  # reported by the test
+            self.error = e
+
+
+def test_stalled_sink_pauses_sources_then_everything_lands(tmp_path):
+    with Daemon(tmp_path, CONFIG) as daemon:
+        daemon.start()
+        metrics_port = int(daemon.wait_for(r"metrics listening on \S+ port (\d+)").group(1))
+        blocker = tmp_path / "lake" / "_staging" / "bp"
+        blocker.parent.mkdir(parents=True)
+        blocker.write_text("not a directory: the sink cannot stage files")
+
+        sender = Sender(daemon.port("forward"))
+        sender.start()
+        wait_until(lambda: metrics(metrics_port).get("logrouter_sources_paused") == 1, 60, "sources to pause")
+        daemon.wait_for(r"sources paused")
+        stalled = metrics(metrics_port)
+        assert stalled['logrouter_sink_failures_total{sink="lake",type="parquet"}'] >= 1
+        assert stalled["logrouter_spool_backlog_bytes"] > MAX_SPOOL_BYTES
+        assert sender.acked < CHUNKS  # the sender is held back by the paused source
+        # Memory stays bounded: what is not delivered waits on disk, not in the process.
+        assert rss_mib(daemon.process.pid) < 400
+
+        blocker.unlink()
+        sender.join(30)
+        assert not sender.is_alive() and sender.error is None, (sender.error, metrics(metrics_port), daemon.output[-3000:])
+        assert sender.acked == CHUNKS
+        wait_until(lambda: metrics(metrics_port).get("logrouter_sources_paused") == 0, 60, "sources to resume")
+        resumed = metrics(metrics_port)
+        assert resumed["logrouter_sources_paused_seconds_total"] > 0
+        assert resumed["logrouter_sources_pauses_total"] >= 1
+        daemon.stop_gracefully()
+        assert "sources resumed" in daemon.output
+
+    ids = lake_dataset(str(tmp_path / "lake")).to_table(columns=["id"]).column("id").to_pylist()
+    counts = collections.Counter(ids)
+    assert len(ids) == CHUNKS * EVENTS_PER_CHUNK
+    assert max(counts.values()) == 1
