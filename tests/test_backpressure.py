@@ -129,7 +129,7 @@ def test_stalled_sink_pauses_sources_then_everything_lands(tmp_path):
         assert rss_mib(daemon.process.pid) < 400
 
         blocker.unlink()
-        sender.join(30)
+        sender.join(120)
         assert not sender.is_alive() and sender.error is None, (sender.error, metrics(metrics_port), daemon.output[-3000:])
         assert sender.acked == CHUNKS
         wait_until(lambda: metrics(metrics_port).get("logrouter_sources_paused") == 0, 60, "sources to resume")
@@ -143,3 +143,39 @@ def test_stalled_sink_pauses_sources_then_everything_lands(tmp_path):
     counts = collections.Counter(ids)
     assert len(ids) == CHUNKS * EVENTS_PER_CHUNK
     assert max(counts.values()) == 1
+
+
+TWO_SINKS = CONFIG + """
+[sinks.healthy]
+type = "parquet"
+inputs = ["forward"]
+path = "lake2"
+roll_secs = 0.5
+"""
+
+
+def test_one_failing_sink_does_not_stall_the_other(tmp_path):
+    with Daemon(tmp_path, TWO_SINKS) as daemon:
+        daemon.start()
+        metrics_port = int(daemon.wait_for(r"metrics listening on \S+ port (\d+)").group(1))
+        blocker = tmp_path / "lake" / "_staging" / "bp"
+        blocker.parent.mkdir(parents=True)
+        blocker.write_text("blocks the first sink")
+        sender = Sender(daemon.port("forward"))
+        sender.start()
+        wait_until(lambda: metrics(metrics_port).get("logrouter_sources_paused") == 1, 60, "sources to pause")
+        stalled = metrics(metrics_port)
+        healthy = 'logrouter_sink_cursor_bytes{sink="healthy",type="parquet"}'
+        broken = 'logrouter_sink_cursor_bytes{sink="lake",type="parquet"}'
+        # The healthy sink went on committing up to what the spool holds; only the
+        # broken one holds the backlog (and so the sources) back.
+        assert stalled[broken] == 0
+        assert stalled[healthy] > MAX_SPOOL_BYTES * 0.5
+        assert stalled['logrouter_sink_rows_published_total{sink="healthy",type="parquet"}'] > 0
+        blocker.unlink()
+        sender.join(120)
+        assert sender.error is None and sender.acked == CHUNKS
+        daemon.stop_gracefully()
+    for lake in ("lake", "lake2"):
+        ids = lake_dataset(str(tmp_path / lake)).to_table(columns=["id"]).column("id").to_pylist()
+        assert len(ids) == len(set(ids)) == CHUNKS * EVENTS_PER_CHUNK, lake
