@@ -19,6 +19,7 @@ KINDS = {"sources": SOURCES, "filters": FILTERS, "sinks": SINKS}
 
 BUILTIN_MODULES = (
     "logrouter.sources.fluent_forward",
+    "logrouter.sources.lumberjack",
     "logrouter.filters.match",
     "logrouter.filters.grep",
     "logrouter.filters.fields",

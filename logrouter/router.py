@@ -31,6 +31,7 @@ from logrouter.spool.record import decode_batch, decode_key, encode_batch
 
 READ_CHUNK_BYTES = 4 << 20
 LOW_WATER = 0.8  # resume sources / feed a sink again below this share of its bound
+MAX_UNWRITTEN_BYTES = 64 << 20  # appended but not yet written by the spool's worker
 DEDUPE_SNAPSHOT_SECS = 10.0
 
 
@@ -172,6 +173,8 @@ class Router:
     def _route_live(self, written: tuple[int, int], batch: Batch, size: int, key: dedupe.Key | None) -> None:
         position, end = written
         self.routed_end = end
+        if self.paused:
+            self._check_backpressure()
         if key is not None:
             self.dedupe.finish(key, position)
         targets = frozenset(name for name, feed in self.feeds.items() if feed.live and not feed.sink.failing)
@@ -257,18 +260,21 @@ class Router:
 
     def _check_backpressure(self) -> None:
         backlog = self.backlog_bytes()
-        if not self.paused and backlog > self.max_spool_bytes:
+        unwritten = self.spool.pending_bytes
+        if not self.paused and (backlog > self.max_spool_bytes or unwritten > MAX_UNWRITTEN_BYTES):
             self.paused = True
             self.pauses += 1
             self._paused_at = self.reactor.seconds()
             self.log.warn(
-                "spool backlog {backlog} bytes is over spool.max_bytes ({limit}): sources paused",
+                "spool backlog {backlog} bytes (limit spool.max_bytes = {limit}), {unwritten} bytes "
+                "waiting for the disk: sources paused",
                 backlog=backlog,
                 limit=self.max_spool_bytes,
+                unwritten=unwritten,
             )
             for source in self.sources.values():
                 source.pause_reading()
-        elif self.paused and backlog < self.max_spool_bytes * LOW_WATER:
+        elif self.paused and backlog < self.max_spool_bytes * LOW_WATER and unwritten < MAX_UNWRITTEN_BYTES * LOW_WATER:
             self.paused = False
             self.paused_secs += self.reactor.seconds() - self._paused_at
             self.log.info("spool backlog {backlog} bytes: sources resumed", backlog=backlog)

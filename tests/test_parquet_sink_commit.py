@@ -150,3 +150,12 @@ def test_failure_backs_off_exponentially_on_the_injected_clock(tmp_path):
     sink.succeeded()
     sink.fail(Crash("again"))
     assert sink._retry_delay == 1.0
+
+
+def test_damaged_state_file_never_stops_startup(tmp_path):
+    sink = make_sink(tmp_path)
+    path = tmp_path / "spool" / "sinks" / "lake.json"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b'{"cursor": 12\x00garbage')
+    assert sink._recover() == 0  # replays everything the spool still holds
+    assert (tmp_path / "spool" / "sinks" / "lake.json.damaged").exists()

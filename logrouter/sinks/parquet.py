@@ -27,6 +27,7 @@ from twisted.internet import defer, task, threads
 from logrouter import registry
 from logrouter.batch import Batch
 from logrouter.config.options import Option, positive
+from logrouter.lake.fs import check_lake_url, filesystem_for
 from logrouter.lake.partition import PartitionError
 from logrouter.lake.schema import TYPE_NAMES, ColumnTypes
 from logrouter.lake.writer import LakeWriter, SealedFile
@@ -43,11 +44,8 @@ MAX_BUFFERED_BYTES = 64 << 20  # rows held in Python before they are encoded any
 
 
 def _check_path(value: str) -> None:
-    if not value:
-        raise ValueError("must not be empty")
-    if "://" in value and not value.startswith("file://"):
-        scheme = value.split("://", 1)[0]
-        raise ValueError(f"filesystem {scheme!r} is not supported yet (use a local path or file://)")
+    # a local path, file://… or hdfs://namenode:8020/path (which needs hdfs-native installed)
+    check_lake_url(value)
 
 
 def _check_writer_id(value: str) -> None:
@@ -101,12 +99,14 @@ class ParquetSink(SinkBase):
 
     def _new_writer(self) -> LakeWriter:
         types = ColumnTypes(self.options["columns"])
+        fs, self.root = filesystem_for(self.options["path"])
         return LakeWriter(
             self.root,
             self.writer_id,
             self.options["roll_bytes"],
             self.options["roll_secs"],
             self.options["row_group_rows"],
+            fs=fs,
             column_types=types,
             compression=self.options["compression"],
         )
@@ -207,15 +207,19 @@ class ParquetSink(SinkBase):
         stop = False
         refused: list = []
         now = items[-1][1]
-        processed_end = items[-1][2]
-        for item, _, _, epoch in items:
+        # How far the spool was handed over when the last item of this epoch was queued;
+        # work of an older epoch (queued before a failure) proves nothing and is skipped.
+        processed_end = self._saved_cursor
+        for item, _, fed_end, epoch in items:
             kind = item[0]
             if kind == _RESET:
                 self.writer.abort()
                 processed_end = self._saved_cursor
-            elif epoch != self.epoch:
-                continue  # queued before a failure: the replay from the cursor brings it again
-            elif kind == _ROWS:
+                continue
+            if epoch != self.epoch:
+                continue  # the replay from the cursor brings it again
+            processed_end = fed_end
+            if kind == _ROWS:
                 _, batch, position, size = item
                 freed += size
                 try:
@@ -231,7 +235,8 @@ class ParquetSink(SinkBase):
         cursor = processed_end if oldest is None else min(oldest, processed_end)
         if sealed or stop or (cursor > self._saved_cursor and now - self._saved_at >= CURSOR_SAVE_SECS):
             self._commit(sealed, cursor, now)
-        return freed, max(cursor, self._saved_cursor), refused
+        # Only a committed cursor is reported: the spool may delete what lies before it.
+        return freed, self._saved_cursor, refused
 
     def _commit(self, sealed: list[SealedFile], cursor: int, now: float) -> None:
         for file in sealed:

@@ -11,16 +11,40 @@ import json
 import os
 from typing import Any
 
+from twisted.logger import Logger
+
 
 class SinkState:
+    log = Logger(namespace="logrouter.sink.state")
+
     def __init__(self, path: str) -> None:
         self.path = path
 
     def load(self) -> dict[str, Any] | None:
+        """The saved state; ``None`` if there is none, or if it is unreadable.
+
+        An unreadable file (only disk damage can make one: it is replaced atomically) is
+        moved aside with a loud log line rather than stopping startup; the sink then
+        starts from the oldest record the spool holds, which may write some rows again
+        but loses none.
+        """
         try:
             with open(self.path, "rb") as f:
-                return json.loads(f.read())
+                state = json.loads(f.read())
+            if not isinstance(state, dict) or not isinstance(state.get("cursor"), int):
+                raise ValueError("no cursor")
+            return state
         except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as e:
+            aside = self.path + ".damaged"
+            os.replace(self.path, aside)
+            self.log.error(
+                "sink state {path} is unreadable ({error}); moved to {aside}, the sink replays the whole spool",
+                path=self.path,
+                error=e,
+                aside=aside,
+            )
             return None
 
     def save(self, state: dict[str, Any]) -> None:
