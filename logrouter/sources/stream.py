@@ -169,11 +169,15 @@ class StreamProtocol(protocol.Protocol, TimeoutMixin):
         def failed(failure: Any) -> None:
             self.pending.discard(d)
             self.log.failure(
-                "{protocol} {peer}: batch could not be stored; no ack sent",
+                "{protocol} {peer}: batch could not be stored; closing the connection so the client resends",
                 failure,
                 protocol=self.source.TYPE,
                 peer=self.peer,
             )
+            if not self.closing and self.transport is not None:
+                # Without an ack the client would wait out its whole ack timeout.
+                self.closing = True
+                self.transport.abortConnection()
 
         d.addCallbacks(durable, failed)
 
