@@ -31,7 +31,10 @@ def _samples(router: Any) -> Iterator[tuple[str, str, dict[str, str], float]]:
         yield "logrouter_source_connections", "gauge", labels, len(source.connections)
         yield "logrouter_source_connections_total", "counter", labels, source.connections_total
         yield "logrouter_source_decode_errors_total", "counter", labels, source.decode_errors
-        yield "logrouter_source_invalid_events_total", "counter", labels, getattr(source, "invalid_events", 0)
+        # Counters only some protocols have (TLS, handshake, heartbeats, …).
+        for attribute in ("invalid_events", "tls_errors", "auth_failures", "size_mismatches", "heartbeats"):
+            if hasattr(source, attribute):
+                yield f"logrouter_source_{attribute}_total", "counter", labels, getattr(source, attribute)
     for name, count in router.errors.counts.items():
         yield "logrouter_error_path_records_total", "counter", {"component": name}, count
     for name, sink in router.sinks.items():
