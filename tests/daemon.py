@@ -73,6 +73,12 @@ class Daemon:
     def port(self, source: str) -> int:
         return int(self.wait_for(rf"source {re.escape(source)} listening on \S+ port (\d+)").group(1))
 
+    def metrics(self) -> dict[str, float]:
+        """The daemon's /metrics (its config must set ``[router] metrics_listen``)."""
+        from helpers import scrape
+
+        return scrape(int(self.wait_for(r"metrics listening on \S+ port (\d+)").group(1)))
+
     @property
     def output(self) -> str:
         return "".join(self.lines)

@@ -13,13 +13,11 @@ from __future__ import annotations
 import collections
 import socket
 import threading
-import time
-import urllib.request
 
 import msgpack
 
 from daemon import Daemon
-from logrouter.lake.dataset import lake_dataset
+from helpers import lake_column, rss_mib, wait_until
 from logrouter.wire.fluent_forward import encode_packed_forward
 
 CHUNKS = 120
@@ -50,34 +48,6 @@ retry_initial_secs = 0.1
 retry_max_secs = 0.5
 max_queue_bytes = 1048576
 """
-
-
-def metrics(port: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    values = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, value = line.rsplit(" ", 1)
-            values[key] = float(value)
-    return values
-
-
-def wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def rss_mib(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
 
 
 class Sender(threading.Thread):
@@ -112,16 +82,15 @@ class Sender(threading.Thread):
 def test_stalled_sink_pauses_sources_then_everything_lands(tmp_path):
     with Daemon(tmp_path, CONFIG) as daemon:
         daemon.start()
-        metrics_port = int(daemon.wait_for(r"metrics listening on \S+ port (\d+)").group(1))
         blocker = tmp_path / "lake" / "_staging" / "bp"
         blocker.parent.mkdir(parents=True)
         blocker.write_text("not a directory: the sink cannot stage files")
 
         sender = Sender(daemon.port("forward"))
         sender.start()
-        wait_until(lambda: metrics(metrics_port).get("logrouter_sources_paused") == 1, 60, "sources to pause")
+        wait_until(lambda: daemon.metrics().get("logrouter_sources_paused") == 1, 60, "sources to pause")
         daemon.wait_for(r"sources paused")
-        stalled = metrics(metrics_port)
+        stalled = daemon.metrics()
         assert stalled['logrouter_sink_failures_total{sink="lake",type="parquet"}'] >= 1
         assert stalled["logrouter_spool_backlog_bytes"] > MAX_SPOOL_BYTES
         assert sender.acked < CHUNKS  # the sender is held back by the paused source
@@ -130,19 +99,19 @@ def test_stalled_sink_pauses_sources_then_everything_lands(tmp_path):
 
         blocker.unlink()
         sender.join(120)
-        assert not sender.is_alive() and sender.error is None, (sender.error, metrics(metrics_port), daemon.output[-3000:])
+        assert not sender.is_alive() and sender.error is None, (sender.error, daemon.metrics(), daemon.output[-3000:])
         assert sender.acked == CHUNKS
-        wait_until(lambda: metrics(metrics_port).get("logrouter_sources_paused") == 0, 60, "sources to resume")
-        resumed = metrics(metrics_port)
+        wait_until(lambda: daemon.metrics().get("logrouter_sources_paused") == 0, 60, "sources to resume")
+        resumed = daemon.metrics()
         assert resumed["logrouter_sources_paused_seconds_total"] > 0
         # Segments every sink is done with are deleted: the spool holds about one segment
         # of the ~10 MB that went through it, not all of it.
-        wait_until(lambda: metrics(metrics_port)["logrouter_spool_size_bytes"] < 3 << 20, 30, "the spool to be trimmed")
+        wait_until(lambda: daemon.metrics()["logrouter_spool_size_bytes"] < 3 << 20, 30, "the spool to be trimmed")
         assert resumed["logrouter_sources_pauses_total"] >= 1
         daemon.stop_gracefully()
         assert "sources resumed" in daemon.output
 
-    ids = lake_dataset(str(tmp_path / "lake")).to_table(columns=["id"]).column("id").to_pylist()
+    ids = lake_column(tmp_path / "lake", "id")
     counts = collections.Counter(ids)
     assert len(ids) == CHUNKS * EVENTS_PER_CHUNK
     assert max(counts.values()) == 1
@@ -160,18 +129,17 @@ roll_secs = 0.5
 def test_one_failing_sink_does_not_stall_the_other(tmp_path):
     with Daemon(tmp_path, TWO_SINKS) as daemon:
         daemon.start()
-        metrics_port = int(daemon.wait_for(r"metrics listening on \S+ port (\d+)").group(1))
         blocker = tmp_path / "lake" / "_staging" / "bp"
         blocker.parent.mkdir(parents=True)
         blocker.write_text("blocks the first sink")
         sender = Sender(daemon.port("forward"))
         sender.start()
-        wait_until(lambda: metrics(metrics_port).get("logrouter_sources_paused") == 1, 60, "sources to pause")
+        wait_until(lambda: daemon.metrics().get("logrouter_sources_paused") == 1, 60, "sources to pause")
         healthy = 'logrouter_sink_cursor_bytes{sink="healthy",type="parquet"}'
         broken = 'logrouter_sink_cursor_bytes{sink="lake",type="parquet"}'
         # The healthy sink commits what the spool holds (its files roll every 0.5 s).
-        wait_until(lambda: metrics(metrics_port)[healthy] > MAX_SPOOL_BYTES * 0.5, 30, "the healthy sink to commit")
-        stalled = metrics(metrics_port)
+        wait_until(lambda: daemon.metrics()[healthy] > MAX_SPOOL_BYTES * 0.5, 30, "the healthy sink to commit")
+        stalled = daemon.metrics()
         # The healthy sink went on committing up to what the spool holds; only the
         # broken one holds the backlog (and so the sources) back.
         assert stalled[broken] == 0
@@ -182,5 +150,5 @@ def test_one_failing_sink_does_not_stall_the_other(tmp_path):
         assert sender.error is None and sender.acked == CHUNKS
         daemon.stop_gracefully()
     for lake in ("lake", "lake2"):
-        ids = lake_dataset(str(tmp_path / lake)).to_table(columns=["id"]).column("id").to_pylist()
+        ids = lake_column(tmp_path / lake, "id")
         assert len(ids) == len(set(ids)) == CHUNKS * EVENTS_PER_CHUNK, lake

@@ -24,7 +24,7 @@ import msgpack
 import pytest
 
 from daemon import Daemon
-from logrouter.lake.dataset import lake_dataset
+from helpers import lake_column, recv_exactly
 from logrouter.wire.fluent_forward import encode_ack, encode_packed_forward
 
 KILL_CYCLES = 6
@@ -152,8 +152,7 @@ def test_kill_9_at_random_moments_loses_and_doubles_nothing(tmp_path):
     assert kills == KILL_CYCLES
     print(f"{kills} kills, {len(client.acked)} chunks acked ({len(client.acked) * EVENTS_PER_CHUNK} events), "
           f"{client.resent} resent after a kill")
-    table = lake_dataset(str(tmp_path / "lake")).to_table(columns=["id"])
-    ids = table.column("id").to_pylist()
+    ids = lake_column(tmp_path / "lake", "id")
     counts = collections.Counter(ids)
     doubled = [i for i, c in counts.items() if c > 1]
     expected = {f"{c}-{i}" for c in client.acked for i in range(EVENTS_PER_CHUNK)}
@@ -172,15 +171,9 @@ def test_retransmitted_chunk_is_acked_but_stored_once_across_a_restart(tmp_path)
             with socket.create_connection(("127.0.0.1", daemon.port("forward")), timeout=10) as sock:
                 for _ in range(3):  # the same chunk three times on one connection
                     sock.sendall(message)
-                    data = b""
-                    while len(data) < len(ack):
-                        part = sock.recv(len(ack) - len(data))
-                        assert part
-                        data += part
-                    assert data == ack
+                    assert recv_exactly(sock, len(ack)) == ack
             daemon.stop_gracefully()
-    table = lake_dataset(str(tmp_path / "lake")).to_table(columns=["id"])
-    assert sorted(table.column("id").to_pylist()) == sorted(f"7-{i}" for i in range(EVENTS_PER_CHUNK))
+    assert sorted(lake_column(tmp_path / "lake", "id")) == sorted(f"7-{i}" for i in range(EVENTS_PER_CHUNK))
 
 
 @pytest.mark.parametrize("flip_at", ["header", "payload"])
@@ -194,9 +187,7 @@ def test_corrupt_spool_record_is_quarantined_and_the_rest_replayed(tmp_path, fli
                 message, chunk_id = chunk_message(n)
                 sock.sendall(message)
                 ack = encode_ack(chunk_id)
-                data = b""
-                while len(data) < len(ack):
-                    data += sock.recv(len(ack) - len(data))
+                assert recv_exactly(sock, len(ack)) == ack
         daemon.process.send_signal(signal.SIGKILL)  # nothing committed to the lake yet
         assert daemon.process.wait(30) == -signal.SIGKILL
     segment = sorted((tmp_path / "spool").glob("*.seg"))[0]
@@ -211,6 +202,6 @@ def test_corrupt_spool_record_is_quarantined_and_the_rest_replayed(tmp_path, fli
         daemon.start()
         daemon.wait_for(r"moved aside to .*quarantine")
         daemon.stop_gracefully()
-    ids = lake_dataset(str(tmp_path / "lake")).to_table(columns=["id"]).column("id").to_pylist()
+    ids = lake_column(tmp_path / "lake", "id")
     assert sorted(ids) == sorted(f"{c}-{i}" for c in (0, 2) for i in range(EVENTS_PER_CHUNK))
     assert len(list((tmp_path / "spool" / "quarantine").glob("*.bad"))) == 1

@@ -11,16 +11,13 @@ import json
 import socket
 import struct
 import subprocess
-import time
-import urllib.request
-from pathlib import Path
 
 import msgpack
 import pytest
 from fluent import sender
 
 from daemon import TWISTD, Daemon
-from logrouter.lake.dataset import lake_dataset
+from helpers import read_lake, recv_exactly, wait_until
 
 CONFIG = """
 [router]
@@ -65,40 +62,9 @@ def packed_forward(tag: str, entries: list, chunk: str) -> bytes:
     return b"\x93" + head + b"\xdb" + struct.pack(">I", len(blob)) + blob + options
 
 
-def metrics(daemon: Daemon) -> dict[str, float]:
-    port = int(daemon.wait_for(r"metrics listening on \S+ port (\d+)").group(1))
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    values = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, value = line.rsplit(" ", 1)
-            values[key] = float(value)
-    return values
-
-
 def wait_for_events(daemon: Daemon, count: int, timeout: float = 30) -> None:
     """Until the router has taken in ``count`` events (bounded by ``timeout``)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if metrics(daemon).get("logrouter_events_in_total", 0) >= count:
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"router did not take in {count} events within {timeout}s: {metrics(daemon)}")
-
-
-def recv_exactly(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        part = sock.recv(n - len(data))
-        if not part:
-            break
-        data += part
-    return data
-
-
-def read_lake(path: Path) -> list[dict]:
-    return lake_dataset(str(path)).to_table().to_pylist()
+    wait_until(lambda: daemon.metrics().get("logrouter_events_in_total", 0) >= count, timeout, f"{count} events")
 
 
 def test_forward_events_land_in_parquet(tmp_path):
