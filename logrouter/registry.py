@@ -24,6 +24,7 @@ BUILTIN_MODULES = (
     "logrouter.filters.grep",
     "logrouter.filters.fields",
     "logrouter.sinks.parquet",
+    "logrouter.sinks.fluent_forward",
 )
 
 

@@ -8,7 +8,8 @@ It owns the messages of the security phase (``protocols/fluent-forward.md`` sect
   ``HandshakeResult`` holding the PONG to send, the verdict, and any bytes the client
   sent after its PING (the start of the transport phase).
 - The digests, and encoders/decoders for all three messages, including the client side
-  (``decode_helo``, ``client_ping``, ``check_pong``) for tests and forwarding clients.
+  (``decode_helo``, ``client_ping``, ``check_pong``, and ``ClientHandshake`` tying them
+  together for one connection) for tests and forwarding clients (the forward sink).
 
 Handshake fields are raw bytes: Fluent Bit sends 16 random salt bytes inside a msgpack
 ``str`` (not valid UTF-8) and out_forward 32 hex characters. Strings are decoded with
@@ -30,6 +31,7 @@ import msgpack
 from logrouter.wire.errors import DecodeError
 
 __all__ = [
+    "ClientHandshake",
     "HandshakeError",
     "HandshakeResult",
     "Helo",
@@ -358,3 +360,54 @@ def check_pong(message: Any, helo: Helo, salt: bytes, client_hostname: str, shar
     if not _digest_matches(digest_bytes, shared_key_digest(salt, hostname_bytes, helo.nonce, shared_key)):
         raise HandshakeError(SHARED_KEY_MISMATCH, "server digest does not match")
     return _text(hostname_bytes)
+
+
+class ClientHandshake:
+    """One connection's client side of the handshake (out_forward's): HELO in, PING out, PONG in.
+
+    ``receive(message)`` takes each decoded server message in order: for the HELO it
+    returns the PING to send, for the PONG it checks the server (auth result, its digest,
+    and that it does not answer with our own hostname) and returns None with
+    ``established`` set. Anything wrong raises ``HandshakeError``. ``salt`` is 32 random
+    hex characters unless given (out_forward's form).
+    """
+
+    def __init__(
+        self,
+        client_hostname: str,
+        shared_key: str,
+        *,
+        username: str = "",
+        password: str = "",
+        salt: bytes | None = None,
+    ) -> None:
+        self.client_hostname = client_hostname
+        self.shared_key = shared_key
+        self.username = username
+        self.password = password
+        self._salt = salt
+        self.helo: Helo | None = None
+        self.established = False
+        self.server_hostname = ""
+
+    def receive(self, message: Any) -> bytes | None:
+        if self.established:
+            raise RuntimeError("handshake already finished")
+        if self.helo is None:
+            head = raw_bytes(message[0]) if type(message) is list and message else None
+            if head == b"PONG":
+                raise HandshakeError("invalid HELO message", "got a PONG before any HELO")
+            self.helo = decode_helo(message)
+            ping, self._salt = client_ping(
+                self.helo,
+                self.client_hostname,
+                self.shared_key,
+                salt=self._salt,
+                username=self.username,
+                password=self.password,
+            )
+            return ping
+        assert self._salt is not None
+        self.server_hostname = check_pong(message, self.helo, self._salt, self.client_hostname, self.shared_key)
+        self.established = True
+        return None
