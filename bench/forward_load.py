@@ -11,16 +11,23 @@ every message, each one waited for), stops the daemon with SIGTERM, and reports:
 * the rows read back from the lake (must equal the events acknowledged).
 
 Run by hand, e.g. ``.venv/bin/python bench/forward_load.py --seconds 20 --durability fsync``.
-``--port`` drives an already running daemon instead (no lake check then).
+``--compress gzip`` sends CompressedPackedForward (the entries gzip'd at level 6, as
+out_forward's ``compress gzip`` does); ``--tls`` makes the daemon listen on ``ssl:`` with a
+throwaway self-signed certificate generated into the temporary directory, and the clients
+connect over TLS trusting it. ``--port`` drives an already running daemon instead (no
+lake check then).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
+import json
 import os
 import re
 import signal
+import ssl
 import struct
 import subprocess
 import sys
@@ -35,8 +42,8 @@ REPO = Path(__file__).resolve().parent.parent
 CHUNK_ID_LEN = 24
 
 
-def make_message(tag: str, events_per_chunk: int, start: int) -> tuple[bytes, int]:
-    """A PackedForward message with a fixed-width chunk id; returns it and the id's offset."""
+def make_message(tag: str, events_per_chunk: int, start: int, compress: str = "text") -> tuple[bytes, int]:
+    """A (Compressed)PackedForward message with a fixed-width chunk id; returns it and the id's offset."""
     now = int(time.time())
     entries = []
     for i in range(events_per_chunk):
@@ -48,7 +55,9 @@ def make_message(tag: str, events_per_chunk: int, start: int) -> tuple[bytes, in
         }
         entries.append(msgpack.packb([msgpack.ExtType(0, struct.pack(">II", now, i * 1000)), record]))
     blob = b"".join(entries)
-    options = msgpack.packb({"size": events_per_chunk, "compressed": "text", "chunk": "X" * CHUNK_ID_LEN})
+    if compress == "gzip":
+        blob = gzip.compress(blob, 6)  # out_forward: Zlib::GzipWriter, default level
+    options = msgpack.packb({"size": events_per_chunk, "compressed": compress, "chunk": "X" * CHUNK_ID_LEN})
     message = b"\x93" + msgpack.packb(tag) + b"\xdb" + struct.pack(">I", len(blob)) + blob + options
     return message, len(message) - CHUNK_ID_LEN
 
@@ -60,8 +69,11 @@ class Stats:
 
 
 async def connection(host: str, port: int, conn_id: int, message: bytes, id_offset: int, events: int,
-                     window: int, deadline: float, stats: Stats) -> None:
-    reader, writer = await asyncio.open_connection(host, port)
+                     window: int, deadline: float, stats: Stats, tls: ssl.SSLContext | None = None) -> None:
+    if tls is None:
+        reader, writer = await asyncio.open_connection(host, port)
+    else:
+        reader, writer = await asyncio.open_connection(host, port, ssl=tls, server_hostname="localhost")
     unpacker = msgpack.Unpacker(raw=True)
     in_flight: set[bytes] = set()
     sent = 0
@@ -91,20 +103,60 @@ async def connection(host: str, port: int, conn_id: int, message: bytes, id_offs
     await writer.wait_closed()
 
 
-async def drive(host: str, port: int, args: argparse.Namespace, stats: Stats) -> float:
-    message, id_offset = make_message("bench.load", args.events_per_chunk, 0)
+async def drive(host: str, port: int, args: argparse.Namespace, stats: Stats, tls: ssl.SSLContext | None = None) -> float:
+    message, id_offset = make_message("bench.load", args.events_per_chunk, 0, args.compress)
     start = time.monotonic()
     deadline = start + args.seconds
     await asyncio.gather(*(
-        connection(host, port, c, message, id_offset, args.events_per_chunk, args.window, deadline, stats)
+        connection(host, port, c, message, id_offset, args.events_per_chunk, args.window, deadline, stats, tls)
         for c in range(args.connections)
     ))
     return time.monotonic() - start
 
 
-def start_daemon(workdir: Path, durability: str) -> tuple[subprocess.Popen, int, int, list[str]]:
-    config = workdir / "bench.toml"
-    config.write_text(f"""
+def make_certificate(directory: Path) -> tuple[Path, Path]:
+    """A throwaway self-signed certificate for localhost/127.0.0.1 (EC P-256), written at run time."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = directory / "bench-cert.pem", directory / "bench-key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    key_path.chmod(0o600)
+    return cert_path, key_path
+
+
+def client_context(cert: Path) -> ssl.SSLContext:
+    """Verifies the daemon's certificate and its name (localhost) like a real client."""
+    return ssl.create_default_context(cafile=str(cert))
+
+
+def start_daemon(workdir: Path, durability: str, listen: str = "tcp:0:interface=127.0.0.1") -> tuple[subprocess.Popen, int, int, list[str]]:
+    return launch(workdir, f"""
 [router]
 metrics_listen = "tcp:0:interface=127.0.0.1"
 [spool]
@@ -112,12 +164,18 @@ path = "spool"
 durability = "{durability}"
 [sources.forward]
 type = "fluent_forward"
-listen = "tcp:0:interface=127.0.0.1"
+listen = {json.dumps(listen)}
 [sinks.lake]
 type = "parquet"
 inputs = ["forward"]
 path = "lake"
-""")
+""", "forward")
+
+
+def launch(workdir: Path, config_text: str, source: str) -> tuple[subprocess.Popen, int, int, list[str]]:
+    """Start ``twistd -n logrouter`` with ``config_text``; the port ``source`` listens on and the metrics port."""
+    config = workdir / "bench.toml"
+    config.write_text(config_text)
     twistd = Path(sys.executable).parent / "twistd"
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([str(twistd), "-n", "--pidfile=", "logrouter", "--config", str(config)],
@@ -127,7 +185,7 @@ path = "lake"
     deadline = time.monotonic() + 60
     for line in proc.stdout:
         lines.append(line)
-        if m := re.search(r"source forward listening on \S+ port (\d+)", line):
+        if m := re.search(rf"source {source} listening on \S+ port (\d+)", line):
             port = int(m.group(1))
         if m := re.search(r"metrics listening on \S+ port (\d+)", line):
             metrics_port = int(m.group(1))
@@ -165,19 +223,31 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=4, help="chunks in flight per connection")
     parser.add_argument("--events-per-chunk", type=int, default=1000)
     parser.add_argument("--durability", default="fsync", choices=["fsync", "os", "none"])
+    parser.add_argument("--compress", default="text", choices=["text", "gzip"],
+                        help="gzip: CompressedPackedForward (default: plain PackedForward)")
+    parser.add_argument("--tls", action="store_true", help="listen on ssl: with a throwaway self-signed certificate")
     parser.add_argument("--port", type=int, help="drive a running daemon on 127.0.0.1:PORT instead")
     args = parser.parse_args()
     stats = Stats()
     if args.port:
+        if args.tls:
+            raise SystemExit("--tls needs the daemon this script starts (it makes the certificate)")
         elapsed = asyncio.run(drive("127.0.0.1", args.port, args, stats))
         print(f"{stats.acked_events / elapsed:,.0f} events/s acked ({stats.acked_events:,} in {elapsed:.1f}s)")
         return
     with tempfile.TemporaryDirectory(prefix="logrouter-bench-") as tmp:
         workdir = Path(tmp)
-        proc, port, metrics_port, lines = start_daemon(workdir, args.durability)
+        listen = "tcp:0:interface=127.0.0.1"
+        context = None
+        if args.tls:
+            cert, key = make_certificate(workdir)
+            escape = lambda path: str(path).replace(":", r"\:")  # noqa: E731 - endpoint strings split on ':'
+            listen = f"ssl:0:privateKey={escape(key)}:certKey={escape(cert)}:interface=127.0.0.1"
+            context = client_context(cert)
+        proc, port, metrics_port, lines = start_daemon(workdir, args.durability, listen)
         try:
             fsyncs_before = fsyncs(metrics_port)
-            elapsed = asyncio.run(drive("127.0.0.1", port, args, stats))
+            elapsed = asyncio.run(drive("127.0.0.1", port, args, stats, context))
             fsync_count = fsyncs(metrics_port) - fsyncs_before
             rss = peak_rss_mb(proc.pid)
             stop_start = time.monotonic()
@@ -191,8 +261,9 @@ def main() -> None:
         import pyarrow.dataset as ds
 
         rows = ds.dataset(str(workdir / "lake"), partitioning="hive").count_rows()
+        variant = (f" compress={args.compress}" if args.compress != "text" else "") + (" tls=on" if args.tls else "")
         print(f"durability={args.durability} connections={args.connections} window={args.window} "
-              f"events/chunk={args.events_per_chunk}")
+              f"events/chunk={args.events_per_chunk}{variant}")
         print(f"  {stats.acked_events / elapsed:,.0f} events/s acked ({stats.acked_events:,} events in {elapsed:.1f}s)")
         print(f"  {fsync_count / elapsed:,.1f} fsyncs/s, peak RSS {rss:,.0f} MiB, graceful stop {stop_secs:.1f}s (exit {code})")
         print(f"  lake rows {rows:,} ({'matches' if rows == stats.acked_events else 'MISMATCH with'} acked events)")

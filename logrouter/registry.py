@@ -25,6 +25,7 @@ BUILTIN_MODULES = (
     "logrouter.filters.fields",
     "logrouter.sinks.parquet",
     "logrouter.sinks.fluent_forward",
+    "logrouter.sinks.lumberjack",
 )
 
 

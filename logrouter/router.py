@@ -208,23 +208,26 @@ class Router:
         feed.reading.addErrback(self._read_failed, feed)
 
     def _caught_up(self, result: tuple[list, int], feed: SinkFeed, epoch: int) -> None:
-        feed.reading = None
-        if epoch != feed.epoch:
-            self._catch_up(feed)
-            return
-        records, next_position = result
-        for record in records:
-            try:
-                batch, _ = decode_batch(record.payload)
-            except Exception as e:
-                self.log.error("spool record at {position} cannot be decoded ({error}); skipped",
-                               position=record.offset, error=e)
+        # feed.reading stays set while the records are pushed: a sink that reports progress
+        # from inside write() must not start a second read from a half-fed position.
+        if epoch == feed.epoch:
+            records, next_position = result
+            for record in records:
+                if epoch != feed.epoch:
+                    break  # the sink failed on the way: it is fed again from its cursor
+                try:
+                    batch, _ = decode_batch(record.payload)
+                except Exception as e:
+                    self.log.error("spool record at {position} cannot be decoded ({error}); skipped",
+                                   position=record.offset, error=e)
+                else:
+                    for node in self.routes.get(batch.source, ()):
+                        node.push(batch, record.offset, len(record.payload), feed.targets)
+                self._handed(feed, record.end)
             else:
-                for node in self.routes.get(batch.source, ()):
-                    node.push(batch, record.offset, len(record.payload), feed.targets)
-            self._handed(feed, record.end)
-        if next_position > feed.delivered:
-            self._handed(feed, next_position)  # past damage that was quarantined
+                if next_position > feed.delivered:
+                    self._handed(feed, next_position)  # past damage that was quarantined
+        feed.reading = None
         self._catch_up(feed)
 
     def _read_failed(self, failure: Any, feed: SinkFeed) -> None:
