@@ -476,3 +476,38 @@ def test_source_registered_and_module_documented():
     registry.load_builtin()
     assert registry.SOURCES["lumberjack"] is LumberjackSource
     assert source_module.__doc__ and "keepalive_secs" in source_module.__doc__
+
+
+def test_ack_0_while_backpressure_holds_a_v2_window_half_read():
+    # The router paused reading (spool full): the client is mid-window and waits for an
+    # ack we cannot give yet. ACK 0 keeps Beats from timing out and resending.
+    source, router, clock = make_source()
+    conn = Conn(source)
+    frames = [lj.encode_json(i + 1, d) for i, d in enumerate(docs(3))]
+    conn.send(lj.encode_window(3) + frames[0])
+    router.fire(0)
+    assert conn.acks() == [(2, 1)]
+    source.pause_reading()
+    for _ in range(3):
+        clock.advance(5)
+        assert conn.acks() == [(2, 0)]
+    clock.advance(400)  # paused on our side: the idle timeout does not close the connection
+    assert conn.transport.connected
+    conn.acks()
+    source.resume_reading()
+    conn.send(frames[1] + frames[2])
+    router.fire(1)
+    assert conn.acks() == [(2, 3)]
+    clock.advance(60)
+    assert conn.acks() == []
+
+
+def test_no_ack_0_while_paused_between_windows():
+    source, router, clock = make_source()
+    conn = Conn(source)
+    conn.send(window(docs(2)))
+    router.fire(0)
+    assert conn.acks() == [(2, 2)]
+    source.pause_reading()
+    clock.advance(30)
+    assert conn.acks() == []

@@ -309,7 +309,7 @@ class LumberjackProtocol(StreamProtocol):
             self.transport.write(b"".join(frames))
             self.idle_since = self.source.reactor.seconds()
             self.resetTimeout()  # the client's turn starts now: idleness counts from here
-        if not unacked:
+        if not unacked and not self.stalled_by_us():
             self._stop_keepalive()
 
     def _ack(self, window: int, value: int) -> bytes:
@@ -332,9 +332,17 @@ class LumberjackProtocol(StreamProtocol):
                 self.keepalive_call.cancel()
             self.keepalive_call = None
 
+    def stalled_by_us(self) -> bool:
+        """Reading is paused (backpressure) while the client is in the middle of a window.
+
+        Beats then waits for an ack we cannot give yet; ACK 0 keeps it from timing out
+        after 30 s and resending. Only for v2: the v1 Node client reads ACK 0 as a reset.
+        """
+        return self.source.paused and self.decoder.version == 2 and self.decoder.window_incomplete
+
     def _keepalive(self) -> None:
         self.keepalive_call = None
-        if self.closing or not self.unacked:
+        if self.closing or not (self.unacked or self.stalled_by_us()):
             return
         now = self.source.reactor.seconds()
         if now - self.idle_since >= self.source.options["keepalive_secs"]:
@@ -346,7 +354,7 @@ class LumberjackProtocol(StreamProtocol):
         self._start_keepalive()
 
     def timeoutConnection(self) -> None:
-        if self.unacked and not self.closing:
+        if (self.unacked or self.stalled_by_us()) and not self.closing:
             # The client is silent because it waits for our acks: not idle.
             self.setTimeout(self.source.options["idle_timeout_secs"])
             return
@@ -408,6 +416,13 @@ class LumberjackSource(StreamSource):
         self.invalid_events = 0
         self.tag_template = TagTemplate(self.options["tag"])
         self.batches = self._batch_builder()
+
+    def pause_reading(self) -> None:
+        super().pause_reading()
+        for connection in self.connections:
+            if connection.stalled_by_us():  # type: ignore[attr-defined]
+                connection.idle_since = self.reactor.seconds()  # type: ignore[attr-defined]
+                connection._start_keepalive()  # type: ignore[attr-defined]
 
     def endpoint(self) -> Any:
         return tls.server_endpoint(

@@ -280,6 +280,11 @@ class LumberjackDecoder:
             f"'{self.version}' (or the stream is out of sync)"
         )
 
+    @property
+    def window_incomplete(self) -> bool:
+        """A window was announced and not all of its events have arrived yet."""
+        return self._window_size is not None and self._window_left > 0
+
     def _window_frame(self, size: int) -> None:
         if size > self.max_window_size:
             raise DecodeError(f"window size {size} exceeds max_window_size {self.max_window_size}")
