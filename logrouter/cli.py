@@ -1,4 +1,5 @@
-"""The ``logrouter`` command: ``check-config FILE`` and ``run`` (twistd in the foreground)."""
+"""The ``logrouter`` command: ``check-config FILE``, ``run`` (twistd in the foreground) and
+``compact`` (see or run lake compaction by hand)."""
 
 from __future__ import annotations
 
@@ -37,9 +38,15 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("file")
     runner = commands.add_parser("run", help="run the router in the foreground (twistd -n logrouter)")
     runner.add_argument("--config", "-c", default=DEFAULT_CONFIG)
+    compactor = commands.add_parser("compact", help="show (--dry-run) or run compaction of sealed lake partitions")
+    from logrouter.compaction import tool
+
+    tool.add_arguments(compactor)
     args = parser.parse_args(argv)
     if args.command == "check-config":
         return check_config(args.file)
+    if args.command == "compact":
+        return tool.compact(args)
     return run(args.config)
 
 

@@ -49,6 +49,9 @@ def _samples(router: Any) -> Iterator[tuple[str, str, dict[str, str], float]]:
         for attribute in ("files_published", "rows_published", "commits"):
             if hasattr(sink, attribute):
                 yield f"logrouter_sink_{attribute}_total", "counter", labels, getattr(sink, attribute)
+    compaction = getattr(router, "compaction", None)  # set by RouterService when [compaction] is enabled
+    if compaction is not None:
+        yield from compaction.samples()
 
 
 def render(router: Any) -> str:

@@ -26,6 +26,7 @@ class RouterService(service.Service):
         self.reactor = reactor
         self.config = config
         self.router: Router | None = None
+        self.compaction: Any = None  # a CompactionService when [compaction] enabled = true
         self._started: defer.Deferred | None = None
 
     def startService(self) -> None:
@@ -36,6 +37,15 @@ class RouterService(service.Service):
 
     def _running(self, _: Any) -> None:
         self.log.info("logrouter running")
+        if self.config.compaction.get("enabled"):
+            from logrouter.compaction.options import lake_urls
+            from logrouter.compaction.scheduler import CompactionService
+
+            self.compaction = CompactionService(
+                self.config.compaction, lake_urls(self.config.compaction, self.config.sinks), self.reactor
+            )
+            self.router.compaction = self.compaction  # type: ignore[union-attr]  # read by metrics
+            self.compaction.startService()
 
     def _failed(self, failure: Any) -> None:
         self.log.critical("logrouter could not start: {error}", error=failure.getErrorMessage())
@@ -47,8 +57,13 @@ class RouterService(service.Service):
         super().stopService()
         if self.router is None:
             return defer.succeed(None)
+        # a running compaction job is killed (its swap is crash-safe) while the router drains
+        compaction = self.compaction.stopService() if self.compaction is not None else None
         self.log.info("logrouter stopping: draining sources, committing sinks")
-        return self.router.stop()
+        stopping = self.router.stop()
+        if compaction is not None:
+            stopping.addBoth(lambda result: compaction.addBoth(lambda _: result))
+        return stopping
 
 
 def _exit_failed() -> None:

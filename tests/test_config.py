@@ -49,7 +49,7 @@ def test_good_config_loads_with_defaults():
 
 
 def test_unknown_section():
-    assert errors_of('[sauce]\nx = 1\n') == ["sauce: unknown section (allowed: router, spool, sources, filters, sinks)"]
+    assert errors_of('[sauce]\nx = 1\n') == ["sauce: unknown section (allowed: router, spool, sources, filters, sinks, compaction)"]
 
 
 def test_unknown_type_lists_known_types():

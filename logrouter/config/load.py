@@ -16,6 +16,7 @@ from typing import Any
 from logrouter import registry
 from logrouter.config import endpoints
 from logrouter.config.options import Option, non_negative, one_of, positive
+from logrouter.compaction.options import COMPACTION_OPTIONS, check_compaction
 
 DURABILITY = ("fsync", "os", "none")
 
@@ -43,7 +44,7 @@ ROUTER_OPTIONS: dict[str, Option] = {
     ),
 }
 
-TOP_LEVEL = ("router", "spool", "sources", "filters", "sinks")
+TOP_LEVEL = ("router", "spool", "sources", "filters", "sinks", "compaction")
 COMPONENT_KINDS = ("sources", "filters", "sinks")
 
 
@@ -79,6 +80,7 @@ class Config:
     sources: dict[str, Component]
     filters: dict[str, Component]
     sinks: dict[str, Component]
+    compaction: dict[str, Any] = field(default_factory=lambda: {k: o.default for k, o in COMPACTION_OPTIONS.items()})
 
     def downstream(self, name: str) -> list[Component]:
         """Filters and sinks that name ``name`` among their inputs, in config order."""
@@ -116,9 +118,11 @@ def validate(raw: dict[str, Any]) -> Config:
     components = {kind: _read_components(kind, raw.get(kind, {}), errors) for kind in COMPONENT_KINDS}
     _check_graph(components, errors)
     _check_listeners(components["sources"], errors)
+    compaction = _check_table("compaction", raw.get("compaction", {}), COMPACTION_OPTIONS, errors)
+    check_compaction(compaction, components["sinks"], errors)
     if errors:
         raise ConfigError(errors)
-    return Config(router, spool, components["sources"], components["filters"], components["sinks"])
+    return Config(router, spool, components["sources"], components["filters"], components["sinks"], compaction)
 
 
 def _check_table(path: str, table: Any, options: dict[str, Option], errors: list[str]) -> dict[str, Any]:

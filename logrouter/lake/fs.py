@@ -215,6 +215,14 @@ class _HdfsWriteStream(io.RawIOBase):
                 super().close()
 
 
+@dataclass(frozen=True)
+class _WriteOptions:
+    """``hdfs_native.WriteOptions``' fields we use (for an injected client)."""
+
+    overwrite: bool = False
+    create_parent: bool = True
+
+
 class HdfsFileSystem:
     """HDFS through ``hdfs_native.Client`` (a thin adapter: one client call per method).
 
@@ -223,18 +231,15 @@ class HdfsFileSystem:
     name services, Kerberos) come from ``HADOOP_CONF_DIR`` as the client reads them.
     """
 
-    def __init__(self, url: str, client: Any = None) -> None:
+    def __init__(self, url: str, client: Any = None, write_options: Any = None) -> None:
         if client is None:
             import hdfs_native  # noqa: PLC0415 - optional dependency, only for hdfs:// lakes
 
             client = hdfs_native.Client(url)
+            write_options = hdfs_native.WriteOptions
         self.url = url
         self.client = client
-
-    def _write_options(self, **kwargs: Any) -> Any:
-        from hdfs_native import WriteOptions  # noqa: PLC0415
-
-        return WriteOptions(**kwargs)
+        self._write_options = write_options or _WriteOptions
 
     def open_write(self, path: str) -> BinaryIO:
         try:

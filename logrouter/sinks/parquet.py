@@ -68,7 +68,7 @@ def _default_writer_id(name: str) -> str:
 @registry.sink("parquet")
 class ParquetSink(SinkBase):
     OPTIONS = {
-        "path": Option(str, doc="lake root: a directory or file:// URI", check=_check_path),
+        "path": Option(str, doc="lake root: a directory, file:// or hdfs:// URI", check=_check_path),
         "writer_id": Option(
             str, "", "unique per router writing into the same lake (default: host name + sink name)", _check_writer_id
         ),

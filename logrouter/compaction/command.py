@@ -1,0 +1,69 @@
+"""The command line of the compaction job, as the daemon and ``logrouter compact`` run it.
+
+Owns how ``[compaction]`` settings become a process: either
+``<python> -m logrouter.jobs.compact --master M --conf k=v … <job args>`` (the default:
+the interpreter the router runs under, whose environment has pyspark), or, with
+``spark_submit`` set, ``<spark-submit> --master M --conf k=v … <path of
+logrouter/jobs/compact.py> <job args>`` (client deploy mode: the driver runs here,
+executors run Spark SQL only and need no logrouter code).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping, Sequence
+
+import logrouter
+
+#: Where the job's code lives (spark-submit runs it as a script).
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.abspath(logrouter.__file__)))
+JOB_SCRIPT = os.path.join(PACKAGE_PARENT, "logrouter", "jobs", "compact.py")
+JOB_MODULE = "logrouter.jobs.compact"
+
+#: The line prefix of the job's per-partition result (JSON follows) on its stdout.
+RESULT_PREFIX = "compaction-result "
+
+
+def conf_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def job_command(
+    *,
+    lake: str,
+    partitions: Sequence[str],
+    target_file_bytes: int,
+    spark_master: str,
+    spark_conf: Mapping[str, Any],
+    spark_submit: str,
+    python: str,
+    lease_owner: str | None = None,
+    lease_secs: float | None = None,
+) -> list[str]:
+    spark_args = ["--master", spark_master]
+    for key in sorted(spark_conf):
+        spark_args += ["--conf", f"{key}={conf_value(spark_conf[key])}"]
+    job_args = ["--lake", lake, "--target-file-bytes", str(int(target_file_bytes))]
+    for key in partitions:
+        job_args += ["--partition", key]
+    if lease_owner is not None:
+        job_args += ["--lease-owner", lease_owner]
+    if lease_secs is not None:
+        job_args += ["--lease-secs", str(int(lease_secs))]
+    if spark_submit:
+        return [spark_submit, *spark_args, JOB_SCRIPT, *job_args]
+    return [python, "-m", JOB_MODULE, *spark_args, *job_args]
+
+
+def job_env(base: Mapping[str, str], python: str) -> dict[str, str]:
+    """The job's environment: ``base`` with logrouter importable and pyspark's Python set."""
+    env = dict(base)
+    path = env.get("PYTHONPATH", "")
+    if PACKAGE_PARENT not in path.split(os.pathsep):
+        env["PYTHONPATH"] = PACKAGE_PARENT + (os.pathsep + path if path else "")
+    env.setdefault("PYSPARK_PYTHON", python)
+    env.setdefault("PYSPARK_DRIVER_PYTHON", python)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env

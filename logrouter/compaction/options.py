@@ -1,0 +1,94 @@
+"""The ``[compaction]`` config section: its keys, defaults and checks.
+
+``logrouter.config.load`` type-checks the table against ``COMPACTION_OPTIONS`` like
+every other section, then ``check_compaction`` checks what needs the whole config
+(the sinks it names must be parquet sinks).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from typing import Any
+
+from logrouter.config.options import Option, list_of, non_negative, positive
+
+DEFAULT_TARGET_FILE_BYTES = 256 << 20
+_MASTER = re.compile(
+    r"local(\[(\*|\d+)(,\s*\d+)?\])?"  # local, local[4], local[*], local[4,2]
+    r"|local-cluster\[\d+,\s*\d+,\s*\d+\]"
+    r"|yarn"
+    r"|(spark|mesos|k8s)://\S+"
+)
+
+
+def _check_master(value: str) -> None:
+    if not _MASTER.fullmatch(value):
+        raise ValueError(
+            f"not a Spark master URL: {value!r} (local, local[N], local[*], spark://host:7077, yarn, k8s://https://host:443, …)"
+        )
+
+
+def _check_min_files(value: int) -> None:
+    if value < 2:
+        raise ValueError(f"must be 2 or more (one file has nothing to merge with), got {value!r}")
+
+
+def _check_spark_conf(value: dict) -> None:
+    for key, setting in value.items():
+        if not key.startswith("spark."):
+            raise ValueError(f"key {key!r}: Spark settings start with 'spark.' (Hadoop ones with 'spark.hadoop.')")
+        if not isinstance(setting, (str, int, float, bool)):
+            raise ValueError(f"key {key!r}: must be a string, number or boolean, got {type(setting).__name__}")
+
+
+def _check_spark_submit(value: str) -> None:
+    if value and shutil.which(value) is None:
+        where = "not an executable file" if os.path.exists(value) else "not found"
+        raise ValueError(f"{value!r}: {where} (give the path of spark-submit, or leave it empty to run the job with this Python)")
+
+
+COMPACTION_OPTIONS: dict[str, Option] = {
+    "enabled": Option(bool, False, "run compaction from this router"),
+    "schedule_secs": Option((int, float), 3600, "how often to look for partitions to compact", positive),
+    "seal_after_secs": Option(
+        (int, float), 3600, "a partition is sealed this long after the end of its hour", non_negative
+    ),
+    "min_files": Option(int, 2, "compact a partition with at least this many files …", _check_min_files),
+    "target_file_bytes": Option(
+        int, DEFAULT_TARGET_FILE_BYTES, "… or whose mean file size is under this; also the output file size", positive
+    ),
+    "spark_master": Option(str, "local[*]", "Spark master URL", _check_master),
+    "spark_conf": Option(dict, {}, 'extra Spark settings, e.g. { "spark.executor.memory" = "2g" }', _check_spark_conf),
+    "spark_submit": Option(
+        str, "", "path of spark-submit; empty = python -m logrouter.jobs.compact with this Python", _check_spark_submit
+    ),
+    "timeout_secs": Option((int, float), 3600, "a job running longer is killed (its whole process group)", positive),
+    "sinks": Option(list, [], "parquet sinks whose lakes are compacted (empty = every parquet sink)", list_of(str)),
+}
+
+
+def check_compaction(compaction: dict[str, Any], sinks: dict[str, Any], errors: list[str]) -> None:
+    """Checks across sections: ``sinks`` names parquet sinks; enabled needs one."""
+    parquet = [name for name, c in sinks.items() if getattr(c, "type", None) == "parquet"]
+    for index, name in enumerate(compaction.get("sinks") or []):
+        if not isinstance(name, str):
+            continue  # already reported by the type check
+        if name not in sinks:
+            errors.append(f"compaction.sinks[{index}]: unknown sink {name!r} (parquet sinks: {', '.join(parquet) or 'none'})")
+        elif name not in parquet:
+            errors.append(f"compaction.sinks[{index}]: sink {name!r} is not a parquet sink")
+    if compaction.get("enabled") and not parquet:
+        errors.append("compaction.enabled: there is no parquet sink to compact")
+
+
+def lake_urls(compaction: dict[str, Any], sinks: dict[str, Any]) -> list[str]:
+    """The lake roots to compact: the chosen parquet sinks' paths, each once."""
+    names = compaction.get("sinks") or [name for name, c in sinks.items() if c.type == "parquet"]
+    urls: list[str] = []
+    for name in names:
+        url = sinks[name].options["path"]
+        if url not in urls:
+            urls.append(url)
+    return urls
