@@ -46,7 +46,13 @@ def _samples(router: Any) -> Iterator[tuple[str, str, dict[str, str], float]]:
         yield "logrouter_sink_queued_bytes", "gauge", labels, sink.queued_bytes
         yield "logrouter_sink_live", "gauge", labels, int(feed.live)
         yield "logrouter_sink_failures_total", "counter", labels, sink.failures
-        for attribute in ("files_published", "rows_published", "commits"):
+        # Counters only some sinks have (files, forward chunks, Beats windows, …).
+        for attribute in (
+            "files_published", "rows_published", "commits",
+            "chunks_sent", "chunks_acked", "chunks_resent", "ack_timeouts", "server_downs",
+            "handshake_failures", "unknown_acks",
+            "windows_sent", "events_acked", "partial_acks", "keepalives", "connections",
+        ):
             if hasattr(sink, attribute):
                 yield f"logrouter_sink_{attribute}_total", "counter", labels, getattr(sink, attribute)
     compaction = getattr(router, "compaction", None)  # set by RouterService when [compaction] is enabled
