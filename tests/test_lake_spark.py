@@ -34,6 +34,9 @@ def _spark_or_skip():
         .config("spark.driver.host", "127.0.0.1")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.shuffle.partitions", "1")
+        # Spark's default reading of partition values, whatever an earlier session in this
+        # process (the compaction tests') set: these tests assert what a plain reader sees.
+        .config("spark.sql.sources.partitionColumnTypeInference.enabled", "true")
         .getOrCreate()
     )
 
