@@ -271,3 +271,77 @@ def peer_subject(transport: Any) -> str | None:
     except Exception:
         return None
     return None if certificate is None else _subject(certificate)
+
+
+# -- the client side, shared by the forwarding sinks ------------------------------------
+
+
+def check_readable(path: str) -> None:
+    if path:
+        try:
+            with open(path, "rb"):
+                pass
+        except OSError as e:
+            raise ValueError(f"cannot read {path!r}: {e.strerror or e}") from None
+
+
+def _client_option_specs() -> dict[str, Any]:
+    from logrouter.config.options import Option
+
+    return {
+        "tls": Option(bool, False, "connect with TLS"),
+        "ca_file": Option(
+            str, "", "PEM of the CA(s) the server certificate must chain to (empty = system roots)", check_ca_file
+        ),
+        "verify_hostname": Option(bool, True, "check that the server certificate names the host"),
+        "client_cert": Option(str, "", "PEM client certificate, for servers that ask for one", check_readable),
+        "client_key": Option(str, "", "PEM private key of client_cert", check_readable),
+    }
+
+
+#: The TLS options of every sink that connects out (``fluent_forward``, ``lumberjack``).
+CLIENT_OPTIONS = _client_option_specs()
+
+
+def client_certificate(options: dict[str, Any]) -> ssl.PrivateCertificate | None:
+    if not options["client_cert"]:
+        return None
+    with open(options["client_cert"], "rb") as f:
+        cert_pem = f.read()
+    with open(options["client_key"], "rb") as f:
+        key_pem = f.read()
+    return ssl.PrivateCertificate.loadPEM(cert_pem + b"\n" + key_pem)
+
+
+def check_client_options(options: dict[str, Any]) -> list[str]:
+    """Cross-key problems of ``CLIENT_OPTIONS``, as config messages."""
+    problems: list[str] = []
+    if not options["tls"]:
+        for key in ("ca_file", "client_cert", "client_key"):
+            if options[key]:
+                problems.append(f"{key}: only used with tls = true; set tls = true or remove {key}")
+    if bool(options["client_cert"]) != bool(options["client_key"]):
+        problems.append("client_cert, client_key: give both (client certificate) or neither")
+    elif options["tls"] and options["client_cert"]:
+        try:
+            client_certificate(options)
+        except Exception as e:  # bad PEM, a key that does not match the certificate …
+            problems.append(f"client_cert: cannot be loaded with client_key: {e}")
+    return problems
+
+
+def client_tls_options(host: str, options: dict[str, Any]) -> Any:
+    """The TLS connection creator for one host: the server's chain is checked against
+    ``ca_file`` (or the system's roots), its name unless ``verify_hostname`` is false."""
+    if options["ca_file"]:
+        trust: Any = ssl.trustRootFromCertificates(load_ca_certificates(options["ca_file"]))
+    else:
+        trust = ssl.platformTrust()
+    own = client_certificate(options)
+    if options["verify_hostname"]:
+        return ssl.optionsForClientTLS(host, trustRoot=trust, clientCertificate=own)
+    # The chain is still verified; only the name check is off.
+    kwargs: dict[str, Any] = {"trustRoot": trust}
+    if own is not None:
+        kwargs.update(privateKey=own.privateKey.original, certificate=own.original)
+    return ssl.CertificateOptions(**kwargs)

@@ -28,7 +28,8 @@ from twisted.python.failure import Failure
 from fixtures.pki import make_pki
 from logrouter.batch import Batch
 from logrouter.sinks import fluent_forward as sink_module
-from logrouter.sinks.fluent_forward import FluentForwardSink, client_tls_options
+from logrouter.sinks.fluent_forward import FluentForwardSink
+from logrouter.tls import client_tls_options
 from logrouter.sinks.state import SinkState
 from logrouter.wire.fluent_client import chunk_id, pack_entries
 from logrouter.wire.fluent_forward import EventMessage, ForwardDecoder, encode_ack

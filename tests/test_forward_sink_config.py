@@ -144,7 +144,7 @@ def test_tls_files_and_combinations(pki, tmp_path):
     errors = errors_of(f"servers = [{{ host = \"a\" }}]\nca_file = '{pki.ca}'\nclient_cert = '{pki.client_cert}'\n")
     assert "sinks.out: ca_file: only used with tls = true; set tls = true or remove ca_file" in errors
     assert "sinks.out: client_cert: only used with tls = true; set tls = true or remove client_cert" in errors
-    assert "sinks.out: client_cert, client_key: give both (mutual TLS) or neither" in errors
+    assert "sinks.out: client_cert, client_key: give both (client certificate) or neither" in errors
     missing = tmp_path / "missing.pem"
     errors = errors_of(f"servers = [{{ host = \"a\" }}]\ntls = true\nca_file = '{missing}'\n")
     assert errors[0].startswith("sinks.out.ca_file: cannot read"), errors

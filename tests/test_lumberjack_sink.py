@@ -18,9 +18,9 @@ from twisted.logger import formatEvent, globalLogPublisher
 from twisted.python.failure import Failure
 
 from fixtures.pki import make_pki
+from logrouter.tls import client_tls_options
 from logrouter.batch import Batch
 from logrouter.config.load import ConfigError, load_string
-from logrouter.sinks import lumberjack as sink_module
 from logrouter.sinks.lumberjack import LumberjackSink, event_json, parse_host, rfc3339
 from logrouter.sinks.state import SinkState
 from logrouter.wire import lumberjack as lj
@@ -638,8 +638,8 @@ def test_tls_connection_creators(tmp_path):
     pki = make_pki(tmp_path / "pki")
     options = {k: o.default for k, o in LumberjackSink.OPTIONS.items() if not o.required}
     options.update(tls=True, ca_file=str(pki.ca), client_cert=str(pki.client_cert), client_key=str(pki.client_key))
-    creator = sink_module.client_tls_options("localhost", options)
+    creator = client_tls_options("localhost", options)
     assert hasattr(creator, "clientConnectionForTLS")  # name checked (optionsForClientTLS)
     options["verify_hostname"] = False
-    creator = sink_module.client_tls_options("localhost", options)
+    creator = client_tls_options("localhost", options)
     assert isinstance(creator, ssl.CertificateOptions) and creator.verify  # chain still checked

@@ -10,7 +10,6 @@ JVM and everything they start share one process group that ``signal_group`` reac
 from __future__ import annotations
 
 import os
-import signal
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Protocol, Sequence

@@ -73,7 +73,7 @@ import os
 import socket
 from typing import Any
 
-from twisted.internet import defer, error, protocol, ssl, task, threads
+from twisted.internet import defer, error, protocol, task, threads
 from twisted.internet.abstract import isIPAddress, isIPv6Address
 from twisted.internet.interfaces import IHandshakeListener, IPushProducer
 from twisted.python.failure import Failure
@@ -149,34 +149,6 @@ def _check_servers(value: list[Any]) -> None:
         raise ValueError("; ".join(problems))
 
 
-def _check_readable(path: str) -> None:
-    if path and not os.access(path, os.R_OK):
-        raise ValueError(f"cannot read {path!r}")
-
-
-# -- TLS ---------------------------------------------------------------------------------
-
-
-def client_tls_options(host: str, options: dict[str, Any]) -> Any:
-    """The client TLS connection creator for one server, from the sink's options."""
-    if options["ca_file"]:
-        trust: Any = ssl.trustRootFromCertificates(tls.load_ca_certificates(options["ca_file"]))
-    else:
-        trust = ssl.platformTrust()
-    own = None
-    if options["client_cert"]:
-        with open(options["client_cert"], "rb") as f:
-            cert_pem = f.read()
-        with open(options["client_key"], "rb") as f:
-            key_pem = f.read()
-        own = ssl.PrivateCertificate.loadPEM(cert_pem + b"\n" + key_pem)
-    if options["verify_hostname"]:
-        return ssl.optionsForClientTLS(host, trustRoot=trust, clientCertificate=own)
-    # The chain is still verified; only the name check is off.
-    kwargs: dict[str, Any] = {"trustRoot": trust}
-    if own is not None:
-        kwargs.update(privateKey=own.privateKey.original, certificate=own.original)
-    return ssl.CertificateOptions(**kwargs)
 
 
 # -- bookkeeping -------------------------------------------------------------------------
@@ -565,13 +537,7 @@ class FluentForwardSink(SinkBase):
         "heartbeat_interval_secs": Option((int, float), 1, "time between heartbeats to each server", positive),
         "heartbeat_misses": Option(int, 3, "missed heartbeats in a row that mark a server down", positive),
         "recover_wait_secs": Option((int, float), 10, "a down server is trusted again no sooner than this", non_negative),
-        "tls": Option(bool, False, "connect with TLS"),
-        "ca_file": Option(
-            str, "", "PEM of the CA(s) the server certificate must chain to (empty = system roots)", tls.check_ca_file
-        ),
-        "verify_hostname": Option(bool, True, "check the server certificate names the server's host"),
-        "client_cert": Option(str, "", "PEM client certificate for mutual TLS", _check_readable),
-        "client_key": Option(str, "", "PEM private key of client_cert", _check_readable),
+        **tls.CLIENT_OPTIONS,
         "shared_key": Option(str, "", "shared key of the v1 handshake (set = handshake on every connection)"),
         "self_hostname": Option(str, "", "hostname sent in the handshake (empty = the host's name)"),
         "username": Option(str, "", "user for servers with user authentication (needs shared_key)"),
@@ -582,22 +548,7 @@ class FluentForwardSink(SinkBase):
 
     @classmethod
     def check_options(cls, options: dict[str, Any]) -> list[str]:
-        problems: list[str] = []
-        if not options["tls"]:
-            for key in ("ca_file", "client_cert", "client_key"):
-                if options[key]:
-                    problems.append(f"{key}: only used with tls = true; set tls = true or remove {key}")
-        if bool(options["client_cert"]) != bool(options["client_key"]):
-            problems.append("client_cert, client_key: give both (mutual TLS) or neither")
-        elif options["tls"] and options["client_cert"]:
-            try:
-                with open(options["client_cert"], "rb") as f:
-                    cert = f.read()
-                with open(options["client_key"], "rb") as f:
-                    key = f.read()
-                ssl.PrivateCertificate.loadPEM(cert + b"\n" + key)
-            except Exception as e:  # OpenSSL errors for a key that does not match, bad PEM …
-                problems.append(f"client_cert: cannot be loaded with client_key: {e}")
+        problems = tls.check_client_options(options)
         if (options["username"] or options["password"]) and not options["shared_key"]:
             problems.append("username: user authentication is part of the handshake; set shared_key too")
         elif options["password"] and not options["username"]:
@@ -615,7 +566,7 @@ class FluentForwardSink(SinkBase):
         self.self_hostname = options["self_hostname"] or socket.gethostname()
         if self.use_tls:
             for server in self.servers:
-                server.tls_options = client_tls_options(server.host, options)
+                server.tls_options = tls.client_tls_options(server.host, options)
         self.spool_id = b""
         self.records: collections.deque[_Record] = collections.deque()
         self.queue: collections.deque[_Chunk] = collections.deque()

@@ -59,7 +59,7 @@ import time
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any, Callable
 
-from twisted.internet import defer, endpoints, protocol, ssl, task, threads
+from twisted.internet import defer, endpoints, protocol, task, threads
 from twisted.python.failure import Failure
 
 from logrouter import registry, tls
@@ -146,39 +146,10 @@ def _check_tag_field(value: str) -> None:
         raise ValueError(f"must be a field name or a dotted path like '@metadata.tag' (or \"\" for none), got {value!r}")
 
 
-def _check_readable(path: str) -> None:
-    if path:
-        try:
-            with open(path, "rb"):
-                pass
-        except OSError as e:
-            raise ValueError(f"cannot read {path!r}: {e.strerror or e}") from None
 
 
-def _client_certificate(options: dict[str, Any]) -> ssl.PrivateCertificate | None:
-    if not options["client_cert"]:
-        return None
-    with open(options["client_cert"], "rb") as f:
-        cert_pem = f.read()
-    with open(options["client_key"], "rb") as f:
-        key_pem = f.read()
-    return ssl.PrivateCertificate.loadPEM(cert_pem + b"\n" + key_pem)
 
 
-def client_tls_options(host: str, options: dict[str, Any]) -> Any:
-    """The TLS connection creator for one host: the server's chain is checked against
-    ``ca_file`` (or the system's roots), its name unless ``verify_hostname`` is false."""
-    if options["ca_file"]:
-        trust: Any = ssl.trustRootFromCertificates(tls.load_ca_certificates(options["ca_file"]))
-    else:
-        trust = ssl.platformTrust()
-    own = _client_certificate(options)
-    if options["verify_hostname"]:
-        return ssl.optionsForClientTLS(host, trustRoot=trust, clientCertificate=own)
-    kwargs: dict[str, Any] = {"trustRoot": trust}
-    if own is not None:
-        kwargs.update(privateKey=own.privateKey.original, certificate=own.original)
-    return ssl.CertificateOptions(**kwargs)
 
 
 # -- events as JSON ----------------------------------------------------------------------
@@ -369,31 +340,13 @@ class LumberjackSink(SinkBase):
         "tag_field": Option(
             str, "@metadata.tag", "field (dotted path) that carries the batch's tag; \"\" = none", _check_tag_field
         ),
-        "tls": Option(bool, False, "connect with TLS"),
-        "ca_file": Option(
-            str, "", "PEM of the CA(s) the server certificate must chain to (empty = system roots)", tls.check_ca_file
-        ),
-        "verify_hostname": Option(bool, True, "check that the server certificate names the host"),
-        "client_cert": Option(str, "", "PEM client certificate (for ssl_client_authentication)", _check_readable),
-        "client_key": Option(str, "", "PEM private key of client_cert", _check_readable),
+        **tls.CLIENT_OPTIONS,
         **SINK_OPTIONS,
     }
 
     @classmethod
     def check_options(cls, options: dict[str, Any]) -> list[str]:
-        problems: list[str] = []
-        if not options["tls"]:
-            for key in ("ca_file", "client_cert", "client_key"):
-                if options[key]:
-                    problems.append(f"{key}: only used with tls = true; set tls = true or remove {key}")
-        if bool(options["client_cert"]) != bool(options["client_key"]):
-            problems.append("client_cert, client_key: give both (client certificate) or neither")
-        elif options["tls"] and options["client_cert"]:
-            try:
-                _client_certificate(options)
-            except Exception as e:  # bad PEM, a key that does not match the certificate …
-                problems.append(f"client_cert: cannot be loaded with client_key: {e}")
-        return problems
+        return tls.check_client_options(options)
 
     # Blocking or CPU-heavy calls (window encoding, the state file's fsync) run through
     # this; tests replace it with a direct call.
@@ -634,7 +587,7 @@ class LumberjackSink(SinkBase):
         if self.options["tls"]:
             creator = self._tls_options.get(host)
             if creator is None:
-                creator = self._tls_options[host] = client_tls_options(host, self.options)
+                creator = self._tls_options[host] = tls.client_tls_options(host, self.options)
             endpoint = endpoints.wrapClientTLS(creator, endpoint)
         return endpoint
 
