@@ -216,6 +216,40 @@ def fsyncs(metrics_port: int) -> float:
     return float("nan")
 
 
+class Run:
+    """What one measured run of a daemon gave: throughput inputs, fsyncs, memory, the stop."""
+
+    def __init__(self, elapsed: float, fsyncs: float, rss_mb: float, exit_code: int, stop_secs: float, rows: int):
+        self.elapsed, self.fsyncs, self.rss_mb = elapsed, fsyncs, rss_mb
+        self.exit_code, self.stop_secs, self.rows = exit_code, stop_secs, rows
+
+    @property
+    def clean_stop(self) -> bool:
+        return self.exit_code in (0, -signal.SIGTERM)  # twistd re-raises the SIGTERM it got
+
+
+def measure(workdir: Path, proc: subprocess.Popen, metrics_port: int, drive_load) -> Run:
+    """Run ``drive_load()`` (it returns the seconds it drove), then stop the daemon with
+    SIGTERM, and count the rows its lake holds."""
+    try:
+        fsyncs_before = fsyncs(metrics_port)
+        elapsed = drive_load()
+        fsync_count = fsyncs(metrics_port) - fsyncs_before
+        rss = peak_rss_mb(proc.pid)
+        stop_start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(120)
+        stop_secs = time.monotonic() - stop_start
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    import pyarrow.dataset as ds
+
+    rows = ds.dataset(str(workdir / "lake"), partitioning="hive").count_rows()
+    return Run(elapsed, fsync_count, rss, code, stop_secs, rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=20)
@@ -245,29 +279,16 @@ def main() -> None:
             listen = f"ssl:0:privateKey={escape(key)}:certKey={escape(cert)}:interface=127.0.0.1"
             context = client_context(cert)
         proc, port, metrics_port, lines = start_daemon(workdir, args.durability, listen)
-        try:
-            fsyncs_before = fsyncs(metrics_port)
-            elapsed = asyncio.run(drive("127.0.0.1", port, args, stats, context))
-            fsync_count = fsyncs(metrics_port) - fsyncs_before
-            rss = peak_rss_mb(proc.pid)
-            stop_start = time.monotonic()
-            proc.send_signal(signal.SIGTERM)
-            code = proc.wait(120)
-            stop_secs = time.monotonic() - stop_start
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        import pyarrow.dataset as ds
-
-        rows = ds.dataset(str(workdir / "lake"), partitioning="hive").count_rows()
+        run = measure(workdir, proc, metrics_port, lambda: asyncio.run(drive("127.0.0.1", port, args, stats, context)))
+        elapsed, fsync_count, rss, code, stop_secs, rows = (
+            run.elapsed, run.fsyncs, run.rss_mb, run.exit_code, run.stop_secs, run.rows)
         variant = (f" compress={args.compress}" if args.compress != "text" else "") + (" tls=on" if args.tls else "")
         print(f"durability={args.durability} connections={args.connections} window={args.window} "
               f"events/chunk={args.events_per_chunk}{variant}")
         print(f"  {stats.acked_events / elapsed:,.0f} events/s acked ({stats.acked_events:,} events in {elapsed:.1f}s)")
         print(f"  {fsync_count / elapsed:,.1f} fsyncs/s, peak RSS {rss:,.0f} MiB, graceful stop {stop_secs:.1f}s (exit {code})")
         print(f"  lake rows {rows:,} ({'matches' if rows == stats.acked_events else 'MISMATCH with'} acked events)")
-        if rows != stats.acked_events or code not in (0, -signal.SIGTERM):
+        if rows != stats.acked_events or not run.clean_stop:
             sys.stdout.write("".join(lines[-40:]))
             sys.exit(1)
 

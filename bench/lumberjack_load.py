@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import signal
 import struct
 import sys
 import tempfile
@@ -33,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from forward_load import fsyncs, launch, peak_rss_mb  # noqa: E402
+from forward_load import launch, measure  # noqa: E402
 
 from logrouter.wire import lumberjack as lj  # noqa: E402
 
@@ -133,22 +132,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="logrouter-bench-") as tmp:
         workdir = Path(tmp)
         proc, port, metrics_port, lines = launch(workdir, config(args.durability, args.tag), "beats")
-        try:
-            fsyncs_before = fsyncs(metrics_port)
-            elapsed = asyncio.run(drive(port, args, stats))
-            fsync_count = fsyncs(metrics_port) - fsyncs_before
-            rss = peak_rss_mb(proc.pid)
-            stop_start = time.monotonic()
-            proc.send_signal(signal.SIGTERM)
-            code = proc.wait(120)
-            stop_secs = time.monotonic() - stop_start
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        import pyarrow.dataset as ds
-
-        rows = ds.dataset(str(workdir / "lake"), partitioning="hive").count_rows()
+        run = measure(workdir, proc, metrics_port, lambda: asyncio.run(drive(port, args, stats)))
+        elapsed, fsync_count, rss, code, stop_secs, rows = (
+            run.elapsed, run.fsyncs, run.rss_mb, run.exit_code, run.stop_secs, run.rows)
         event_bytes = len(json.dumps(filebeat_event(1234), separators=(",", ":")))
         print(f"durability={args.durability} connections={args.connections} window={args.window_size} "
               f"pipelining={args.pipelining} compression_level={args.compression_level} "
@@ -157,7 +143,7 @@ def main() -> None:
               f"{stats.windows:,} windows in {elapsed:.1f}s; {stats.keepalives} keepalive ACKs)")
         print(f"  {fsync_count / elapsed:,.1f} fsyncs/s, peak RSS {rss:,.0f} MiB, graceful stop {stop_secs:.1f}s (exit {code})")
         print(f"  lake rows {rows:,} ({'matches' if rows == stats.acked_events else 'MISMATCH with'} acked events)")
-        if rows != stats.acked_events or code not in (0, -signal.SIGTERM):
+        if rows != stats.acked_events or not run.clean_stop:
             sys.stdout.write("".join(lines[-40:]))
             sys.exit(1)
 
