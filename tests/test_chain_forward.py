@@ -21,13 +21,12 @@ from __future__ import annotations
 import collections
 import json
 import socket
-import time
-import urllib.request
 from pathlib import Path
 
 import msgpack
 import pytest
 
+from helpers import wait_until
 from daemon import Daemon
 from fixtures.pki import make_pki
 from logrouter.lake.dataset import lake_dataset
@@ -98,29 +97,8 @@ retry_max_secs = 1
 """
 
 
-def metrics(daemon: Daemon) -> dict[str, float]:
-    port = int(daemon.wait_for(r"metrics listening on \S+ port (\d+)").group(1))
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    values = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            key, value = line.rsplit(" ", 1)
-            values[key] = float(value)
-    return values
-
-
-def wait_until(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def sink_lag(daemon: Daemon) -> float:
-    return metrics(daemon)['logrouter_sink_lag_bytes{sink="to_b",type="fluent_forward"}']
+    return daemon.metrics()['logrouter_sink_lag_bytes{sink="to_b",type="fluent_forward"}']
 
 
 def chunk(n: int) -> tuple[bytes, bytes]:
@@ -184,7 +162,7 @@ def test_chain_tls_shared_key_gzip_exactly_once(tmp_path, pki):
             client.send_and_wait(range(100))
             client.close()
             wait_until(lambda: sink_lag(a) == 0, 60, "A to forward everything to B")
-            sent = metrics(a)
+            sent = a.metrics()
             a.stop_gracefully()
         assert "to_b: connected to 127.0.0.1" in a.output and "over TLS, handshake done with 'router-b.test'" in a.output
         assert sent['logrouter_sink_events_in_total{sink="to_b",type="fluent_forward"}'] == 100 * EVENTS_PER_CHUNK
@@ -208,7 +186,7 @@ def test_chain_survives_kill_9_of_the_forwarder(tmp_path, pki):
             a.start()
             client = Client(a.port("clients"))
             client.send_and_wait(range(150))
-            wait_until(lambda: metrics(b)["logrouter_events_in_total"] >= 20 * EVENTS_PER_CHUNK, 30, "B to receive")
+            wait_until(lambda: b.metrics()["logrouter_events_in_total"] >= 20 * EVENTS_PER_CHUNK, 30, "B to receive")
             client.burst(range(150, 200))  # in flight from the client to A, and from A to B
             a.kill()
             client.close()
@@ -227,7 +205,7 @@ def test_chain_survives_kill_9_of_the_forwarder(tmp_path, pki):
             client.close()
             wait_until(lambda: sink_lag(a) == 0, 60, "A to forward everything to B")
             a.stop_gracefully()
-        duplicates = metrics(b)["logrouter_duplicates_total"]
+        duplicates = b.metrics()["logrouter_duplicates_total"]
         assert duplicates > 0, "A's replay should have resent chunks B already had"
         b.stop_gracefully()
     print(f"B recognised {duplicates:.0f} resent chunk(s)")
@@ -244,7 +222,7 @@ def test_chain_survives_kill_9_of_the_receiver(tmp_path, pki):
             a.start()
             client = Client(a.port("clients"))
             client.send_and_wait(range(100))
-            wait_until(lambda: metrics(b)["logrouter_events_in_total"] >= 30 * EVENTS_PER_CHUNK, 30, "B to receive")
+            wait_until(lambda: b.metrics()["logrouter_events_in_total"] >= 30 * EVENTS_PER_CHUNK, 30, "B to receive")
             b.kill()
             client.send_and_wait(range(100, 200))  # A stores and acks; its sink waits for B
             a.wait_for(rf"sink to_b: server 127\.0\.0\.1:{b_port} is down")

@@ -16,7 +16,6 @@ import logging
 import os
 import shutil
 import socket
-import ssl
 import subprocess
 from pathlib import Path
 
@@ -24,6 +23,7 @@ import pylogbeat
 import pytest
 
 from daemon import REPO, Daemon
+from helpers import recv_exactly
 from fixtures.pki import make_pki
 from logrouter.lake.dataset import lake_dataset
 from logrouter.wire import lumberjack as lj
@@ -81,16 +81,6 @@ def run_node(script: str, *args: object, timeout: float = 60) -> tuple[int, dict
     lines = result.stdout.strip().splitlines()
     assert lines, f"{script} printed nothing (exit {result.returncode}):\n{result.stderr}"
     return result.returncode, json.loads(lines[-1])
-
-
-def recv_exactly(sock: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        part = sock.recv(n - len(data))
-        if not part:
-            break
-        data += part
-    return data
 
 
 def read_ack(sock: socket.socket) -> lj.Ack:
