@@ -60,10 +60,24 @@ class RouterService(service.Service):
         # a running compaction job is killed (its swap is crash-safe) while the router drains
         compaction = self.compaction.stopService() if self.compaction is not None else None
         self.log.info("logrouter stopping: draining sources, committing sinks")
+        limit = self.config.router["shutdown_timeout_secs"]
         stopping = self.router.stop()
+        if limit:
+            stopping.addTimeout(limit, self.reactor)
+            stopping.addErrback(self._stop_timed_out, limit)
         if compaction is not None:
             stopping.addBoth(lambda result: compaction.addBoth(lambda _: result))
         return stopping
+
+
+    def _stop_timed_out(self, failure: Any, limit: float) -> None:
+        failure.trap(defer.CancelledError, defer.TimeoutError)
+        # Everything acknowledged is in the spool; what no sink committed is replayed next start.
+        self.log.warn(
+            "graceful stop did not finish within shutdown_timeout_secs ({limit}s); stopping anyway: "
+            "uncommitted work is replayed from the spool at the next start",
+            limit=limit,
+        )
 
 
 def _exit_failed() -> None:

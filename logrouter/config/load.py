@@ -40,7 +40,7 @@ ROUTER_OPTIONS: dict[str, Option] = {
         str, "", "Twisted endpoint for /metrics (Prometheus) and /health; empty = off", endpoints.check_optional
     ),
     "shutdown_timeout_secs": Option(
-        (int, float), 30, "how long a graceful stop may take to drain and commit", non_negative
+        (int, float), 30, "how long a graceful stop may take to drain and commit (0 = no limit)", non_negative
     ),
 }
 
