@@ -81,6 +81,7 @@ from logrouter import registry, tls
 from logrouter.batch import Batch
 from logrouter.config.options import Option, non_negative, one_of, positive
 from logrouter.sinks.base import SINK_OPTIONS, SinkBase
+from logrouter.sinks.state import CursorSaver
 from logrouter.sinks.forward_client import (  # noqa: F401 - tests reach the factories through this module
     ForwardClient,
     Server,
@@ -221,9 +222,9 @@ class FluentForwardSink(SinkBase):
         self._pumping = False
         self._pump_again = False
         self._drain_waiters: list[defer.Deferred] = []
-        self._saving: defer.Deferred | None = None
-        self._saved_cursor = -1
-        self._saved_at = float("-inf")
+        self.saver = CursorSaver(
+            self, STATE_SAVE_SECS, lambda: {"spool_id": self.spool_id.decode("ascii")} if self.spool_id else None
+        )
         self.ticker = task.LoopingCall(self._tick)
         self.ticker.clock = reactor
         self.heartbeats = task.LoopingCall(self._heartbeat)
@@ -248,8 +249,8 @@ class FluentForwardSink(SinkBase):
         d = self.run_blocking(self._load_state)
 
         def started(cursor: int) -> int:
-            self.cursor = self.fed_end = self._saved_cursor = cursor
-            self._saved_at = self.reactor.seconds()
+            self.cursor = self.fed_end = cursor
+            self.saver.loaded(cursor)
             self.started = True
             self.ticker.start(self._tick_secs(), now=False)
             if self.options["heartbeat_type"] == "udp":
@@ -603,30 +604,7 @@ class FluentForwardSink(SinkBase):
         self._save()
 
     def _save(self, force: bool = False) -> defer.Deferred:
-        if self.state is None or not self.spool_id:
-            return defer.succeed(None)
-        if self._saving is not None:
-            if not force:
-                return self._saving
-            return self._saving.addCallback(lambda _: self._save(force=True))
-        now = self.reactor.seconds()
-        if self.cursor == self._saved_cursor or (not force and now - self._saved_at < STATE_SAVE_SECS):
-            return defer.succeed(None)
-        cursor = self.cursor
-        self._saved_at = now
-        d = self.run_blocking(self.state.save, {"cursor": cursor, "spool_id": self.spool_id.decode("ascii")})
-
-        def saved(_: Any) -> None:
-            self._saving = None
-            self._saved_cursor = max(self._saved_cursor, cursor)
-
-        def failed(failure: Failure) -> None:
-            self._saving = None
-            self.log.failure("fluent_forward sink {name}: saving the cursor failed", failure, name=self.name)
-
-        self._saving = d
-        d.addCallbacks(saved, failed)
-        return d
+        return self.saver.save(force)
 
     def _heartbeat(self) -> None:
         kind = self.options["heartbeat_type"]

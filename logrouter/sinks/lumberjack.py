@@ -67,6 +67,7 @@ from logrouter.batch import Batch, Event
 from logrouter.config.options import Option, non_negative, positive
 from logrouter.lake.extra import jsonable
 from logrouter.sinks.base import SINK_OPTIONS, SinkBase
+from logrouter.sinks.state import CursorSaver
 from logrouter.wire import lumberjack as wire
 from logrouter.wire.errors import DecodeError
 
@@ -375,8 +376,7 @@ class LumberjackSink(SinkBase):
         self.stopping = False
         self.stopped = False
         self._drain_waiters: list[defer.Deferred] = []
-        self._saving: defer.Deferred | None = None
-        self._saved_cursor = -1
+        self.saver = CursorSaver(self, STATE_SAVE_SECS, lambda: {} if self.started else None)
         self._notified_cursor = -1
         self.ticker = task.LoopingCall(self._tick)
         self.ticker.clock = reactor
@@ -393,7 +393,8 @@ class LumberjackSink(SinkBase):
         d = self.run_blocking(self._load_state)
 
         def started(cursor: int) -> int:
-            self.cursor = self._saved_cursor = self._notified_cursor = cursor
+            self.cursor = self._notified_cursor = cursor
+            self.saver.loaded(cursor)
             self.started = True
             self.ticker.start(STATE_SAVE_SECS, now=False)
             self.log.info(
@@ -765,32 +766,4 @@ class LumberjackSink(SinkBase):
         self._save()
 
     def _save(self, force: bool = False) -> defer.Deferred:
-        if self.state is None or not self.started:
-            return defer.succeed(None)
-        if self._saving is not None:
-            if not force:
-                return self._saving
-            again: defer.Deferred = defer.Deferred()
-
-            def save_again(_: Any) -> None:
-                self._save(force=True).chainDeferred(again)
-
-            self._saving.addBoth(save_again)
-            return again
-        cursor = self.cursor
-        if cursor == self._saved_cursor:
-            return defer.succeed(None)
-        state = self.state
-        d = self.run_blocking(state.save, {"cursor": cursor})
-        self._saving = d
-
-        def saved(_: Any) -> None:
-            self._saving = None
-            self._saved_cursor = max(self._saved_cursor, cursor)
-
-        def failed(failure: Failure) -> None:
-            self._saving = None
-            self.log.failure("lumberjack sink {name}: saving the cursor failed", failure, name=self.name)
-
-        d.addCallbacks(saved, failed)
-        return d
+        return self.saver.save(force)

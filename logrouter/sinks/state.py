@@ -61,3 +61,59 @@ class SinkState:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+class CursorSaver:
+    """A forwarding sink's cursor, saved off the reactor thread.
+
+    One save at a time, at most once per ``interval`` seconds unless forced (on stop);
+    a forced save while another runs waits for it and then saves what is newest.
+    ``extra()`` adds keys to the saved state, or returns ``None`` while there is nothing
+    worth saving yet. The sink provides ``state``, ``cursor``, ``reactor``,
+    ``run_blocking`` (a blocking call in a thread, replaceable in tests) and ``log``.
+    """
+
+    def __init__(self, sink: Any, interval: float, extra: Any = dict) -> None:
+        self.sink = sink
+        self.interval = interval
+        self.extra = extra
+        self.saving: Any = None
+        self.saved_cursor = -1
+        self.saved_at = float("-inf")
+
+    def loaded(self, cursor: int) -> None:
+        """The cursor read back at start counts as saved."""
+        self.saved_cursor = cursor
+        self.saved_at = self.sink.reactor.seconds()
+
+    def save(self, force: bool = False) -> Any:
+        from twisted.internet import defer
+
+        sink = self.sink
+        extra = self.extra()
+        if sink.state is None or extra is None:
+            return defer.succeed(None)
+        if self.saving is not None:
+            if not force:
+                return self.saving
+            again: defer.Deferred = defer.Deferred()
+            self.saving.addBoth(lambda _: self.save(force=True).chainDeferred(again))
+            return again
+        now = sink.reactor.seconds()
+        cursor = sink.cursor
+        if cursor == self.saved_cursor or (not force and now - self.saved_at < self.interval):
+            return defer.succeed(None)
+        self.saved_at = now
+        d = sink.run_blocking(sink.state.save, {"cursor": cursor, **extra})
+
+        def saved(_: Any) -> None:
+            self.saving = None
+            self.saved_cursor = max(self.saved_cursor, cursor)
+
+        def failed(failure: Any) -> None:
+            self.saving = None
+            sink.log.failure("{type} sink {name}: saving the cursor failed", failure, type=sink.TYPE, name=sink.name)
+
+        self.saving = d
+        d.addCallbacks(saved, failed)
+        return d
