@@ -62,14 +62,21 @@ class FilterNode:
 
 
 class SinkNode:
-    def __init__(self, name: str, component: Any) -> None:
+    def __init__(self, name: str, component: Any, errors: LoggedErrors) -> None:
         self.name = name
         self.component = component
+        self.errors = errors
         self.reach = frozenset((name,))
 
     def push(self, batch: Batch, position: int, size: int, targets: frozenset[str]) -> None:
         if self.name in targets:
-            self.component.write(batch, position, size)
+            try:
+                self.component.write(batch, position, size)
+            except Exception as e:
+                # A batch the sink cannot take (a bug, a value it cannot encode) would fail
+                # the same way on every retry: it goes to the error path, the sink goes on.
+                for _, record in batch.events:
+                    self.errors(self.name, batch.tag, record, f"sink raised {type(e).__name__}: {e}")
 
 
 class SinkFeed:
@@ -122,7 +129,7 @@ class Router:
 
     def _build_routes(self) -> dict[str, list[Any]]:
         nodes: dict[str, Any] = {name: FilterNode(name, f, self.errors) for name, f in self.filters.items()}
-        nodes.update({name: SinkNode(name, s) for name, s in self.sinks.items()})
+        nodes.update({name: SinkNode(name, s, self.errors) for name, s in self.sinks.items()})
         for component in (*self.config.filters.values(), *self.config.sinks.values()):
             for upstream in component.inputs:
                 if upstream in self.filters:

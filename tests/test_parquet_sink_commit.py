@@ -159,3 +159,17 @@ def test_damaged_state_file_never_stops_startup(tmp_path):
     path.write_bytes(b'{"cursor": 12\x00garbage')
     assert sink._recover() == 0  # replays everything the spool still holds
     assert (tmp_path / "spool" / "sinks" / "lake.json.damaged").exists()
+
+
+def test_a_sink_that_raises_sends_the_batch_to_the_error_path():
+    from logrouter.errors import LoggedErrors
+    from logrouter.router import SinkNode
+
+    class Broken:
+        def write(self, batch, position, size):
+            raise ValueError("cannot encode")
+
+    errors = LoggedErrors()
+    node = SinkNode("out", Broken(), errors)
+    node.push(Batch("t", [(T0, {"a": 1}), (T0, {"a": 2})]), 0, 10, frozenset({"out"}))
+    assert errors.counts == {"out": 2}
