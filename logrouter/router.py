@@ -186,8 +186,13 @@ class Router:
             self.dedupe.finish(key, position)
         targets = frozenset(name for name, feed in self.feeds.items() if feed.live and not feed.sink.failing)
         if targets:
-            for node in self.routes[batch.source]:
-                node.push(batch, position, size, targets)
+            try:
+                for node in self.routes[batch.source]:
+                    node.push(batch, position, size, targets)
+            except Exception:
+                # The batch is durable and will be acked; a sink that missed it because of
+                # this gets it again from the spool after its next rewind or restart.
+                self.log.failure("routing the batch at spool position {position} failed", position=position)
             for name in targets:
                 self._handed(self.feeds[name], end)
 
