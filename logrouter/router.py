@@ -190,8 +190,8 @@ class Router:
                 for node in self.routes[batch.source]:
                     node.push(batch, position, size, targets)
             except Exception:
-                # The batch is durable and will be acked; a sink that missed it because of
-                # this gets it again from the spool after its next rewind or restart.
+                # Filter and sink nodes catch their own errors, so this is a bug: log it
+                # loudly, and still ack, since the batch is durable in the spool.
                 self.log.failure("routing the batch at spool position {position} failed", position=position)
             for name in targets:
                 self._handed(self.feeds[name], end)
