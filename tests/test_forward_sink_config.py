@@ -79,20 +79,16 @@ def test_server_problems_named_by_index():
         ]
         """
     )
-    assert len(errors) == 1
-    message = errors[0]
-    assert message.startswith("sinks.out.servers: ")
-    for part in (
-        "[0].port: must be an integer from 1 to 65535, got string 'x'",
-        "[1].host: required key is missing",
-        "[1].port: must be an integer from 1 to 65535, got integer 70000",
-        "[1].weight: must be an integer of 1 or more, got integer 0",
-        "[1].standby: must be a boolean, got string 'no'",
-        "[2].wieght: unknown key (allowed: host, port, standby, weight)",
-        "[3]: must be a table",
-        "[4]: a:24224 is already listed as [2]",
-    ):
-        assert part in message, (part, message)
+    assert errors == [
+        "sinks.out.servers[0].port: must be an integer from 1 to 65535, got string 'x'",
+        "sinks.out.servers[1].host: required key is missing",
+        "sinks.out.servers[1].port: must be an integer from 1 to 65535, got integer 70000",
+        "sinks.out.servers[1].weight: must be an integer of 1 or more, got integer 0",
+        "sinks.out.servers[1].standby: must be a boolean, got string 'no'",
+        "sinks.out.servers[2].wieght: unknown key (allowed: host, port, standby, weight)",
+        "sinks.out.servers[3]: must be a table { host = …, port = …, weight = …, standby = … }, got string 'b:24224'",
+        "sinks.out.servers[4]: a:24224 is already listed as [2]",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -142,8 +138,8 @@ def test_tls_files_and_combinations(pki, tmp_path):
     )
     assert good.sinks["out"].options["tls"] is True
     errors = errors_of(f"servers = [{{ host = \"a\" }}]\nca_file = '{pki.ca}'\nclient_cert = '{pki.client_cert}'\n")
-    assert "sinks.out: ca_file: only used with tls = true; set tls = true or remove ca_file" in errors
-    assert "sinks.out: client_cert: only used with tls = true; set tls = true or remove client_cert" in errors
+    assert "sinks.out.ca_file: only used with tls = true; set tls = true or remove ca_file" in errors
+    assert "sinks.out.client_cert: only used with tls = true; set tls = true or remove client_cert" in errors
     assert "sinks.out: client_cert, client_key: give both (client certificate) or neither" in errors
     missing = tmp_path / "missing.pem"
     errors = errors_of(f"servers = [{{ host = \"a\" }}]\ntls = true\nca_file = '{missing}'\n")
@@ -151,11 +147,11 @@ def test_tls_files_and_combinations(pki, tmp_path):
     errors = errors_of(
         f"servers = [{{ host = \"a\" }}]\ntls = true\nclient_cert = '{pki.client_cert}'\nclient_key = '{pki.server_key}'\n"
     )
-    assert errors[0].startswith("sinks.out: client_cert: cannot be loaded with client_key"), errors
+    assert errors[0].startswith("sinks.out.client_cert: cannot be loaded with client_key"), errors
 
 
 def test_user_needs_shared_key():
     errors = errors_of('servers = [{ host = "a" }]\nusername = "u"\npassword = "p"\n')
-    assert errors == ["sinks.out: username: user authentication is part of the handshake; set shared_key too"]
+    assert errors == ["sinks.out.username: user authentication is part of the handshake; set shared_key too"]
     errors = errors_of('servers = [{ host = "a" }]\nshared_key = "k"\npassword = "p"\n')
-    assert errors == ["sinks.out: password: set username too"]
+    assert errors == ["sinks.out.password: set username too"]

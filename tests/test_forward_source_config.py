@@ -71,13 +71,13 @@ def test_missing_and_unusable_ca_file_named_by_key_path(pki, tmp_path):
 
 def test_verify_client_needs_ssl_and_a_ca(pki):
     assert errors_of(f"listen = 'tcp:0'\nverify_client = true\nca_file = '{pki.ca}'\n") == [
-        "sources.f: verify_client: needs an ssl: listen endpoint, got 'tcp:0'"
+        "sources.f.verify_client: needs an ssl: listen endpoint, got 'tcp:0'"
     ]
     assert errors_of(f"listen = '{pki.ssl_endpoint()}'\nverify_client = true\n") == [
-        "sources.f: ca_file: required when verify_client = true"
+        "sources.f.ca_file: required when verify_client = true"
     ]
     assert errors_of(f"listen = '{pki.ssl_endpoint()}'\nca_file = '{pki.ca}'\n") == [
-        "sources.f: ca_file: only used with verify_client = true; set verify_client = true or remove ca_file"
+        "sources.f.ca_file: only used with verify_client = true; set verify_client = true or remove ca_file"
     ]
 
 
@@ -107,7 +107,7 @@ def test_users_shape(users, message):
 
 def test_users_need_a_shared_key():
     assert errors_of('listen = "tcp:0"\nusers = [{username = "a", password = "p"}]\n') == [
-        "sources.f: users: user authentication is part of the handshake; set shared_key too"
+        "sources.f.users: user authentication is part of the handshake; set shared_key too"
     ]
 
 

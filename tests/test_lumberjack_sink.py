@@ -612,8 +612,9 @@ def test_config_defaults_and_errors_name_their_keys(tmp_path):
     assert errors_of(config()) == ["sinks.out.hosts: required key is missing"]
     assert errors_of(config(hosts=[])) == ['sinks.out.hosts: must list at least one server, e.g. ["logstash:5044"]']
     assert errors_of(config(hosts=["a:1", "a:x", 7, "a:1"], window_size=0, compression_level=-1, pipelining=0, tag_field="a..b")) == [
-        "sinks.out.hosts: item 1: port must be a number from 1 to 65535, got 'x' in 'a:x'; "
-        "item 2: must be 'host:port', got 7; item 3: 'a:1' is already listed as item 0",
+        "sinks.out.hosts[1]: port must be a number from 1 to 65535, got 'x' in 'a:x'",
+        "sinks.out.hosts[2]: must be 'host:port', got 7",
+        "sinks.out.hosts[3]: 'a:1' is already listed as [0]",
         "sinks.out.window_size: must be greater than 0, got 0",
         "sinks.out.compression_level: must be from 0 (off) to 9, got -1",
         "sinks.out.pipelining: must be from 1 to 64, got 0",
@@ -621,13 +622,13 @@ def test_config_defaults_and_errors_name_their_keys(tmp_path):
     ]
     pki = make_pki(tmp_path / "pki")
     assert errors_of(config(hosts=["a"], ca_file=str(pki.ca))) == [
-        "sinks.out: ca_file: only used with tls = true; set tls = true or remove ca_file"
+        "sinks.out.ca_file: only used with tls = true; set tls = true or remove ca_file"
     ]
     assert errors_of(config(hosts=["a"], tls=True, client_cert=str(pki.client_cert))) == [
         "sinks.out: client_cert, client_key: give both (client certificate) or neither"
     ]
     (problem,) = errors_of(config(hosts=["a"], tls=True, client_cert=str(pki.client_cert), client_key=str(pki.server_key)))
-    assert problem.startswith("sinks.out: client_cert: cannot be loaded with client_key:")
+    assert problem.startswith("sinks.out.client_cert: cannot be loaded with client_key:")
     assert errors_of(config(hosts=["a"], tls=True, ca_file=str(tmp_path / "nope.pem")))[0].startswith("sinks.out.ca_file: cannot read")
     load_string(config(hosts=["a"], tls=True, ca_file=str(pki.ca), client_cert=str(pki.client_cert), client_key=str(pki.client_key)))
 

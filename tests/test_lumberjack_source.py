@@ -458,13 +458,13 @@ def test_config_client_authentication_needs_an_ssl_listener_and_a_ca(tmp_path):
     pki = make_pki(tmp_path)
     listen = pki.ssl_endpoint()
     assert config_errors(f'ssl_client_authentication = "optional"\nca_file = "{pki.ca}"\nlisten = "tcp:0"') == [
-        "sources.beats: ssl_client_authentication: 'optional' needs an ssl: listen endpoint, got 'tcp:0'"
+        "sources.beats.ssl_client_authentication: 'optional' needs an ssl: listen endpoint, got 'tcp:0'"
     ]
     assert config_errors(f'ssl_client_authentication = "required"\nlisten = "{listen}"') == [
-        "sources.beats: ca_file: required when ssl_client_authentication is 'required'"
+        "sources.beats.ca_file: required when ssl_client_authentication is 'required'"
     ]
     assert config_errors(f'ca_file = "{pki.ca}"\nlisten = "{listen}"') == [
-        "sources.beats: ca_file: only used with ssl_client_authentication 'optional' or 'required'; set it or remove ca_file"
+        "sources.beats.ca_file: only used with ssl_client_authentication 'optional' or 'required'; set it or remove ca_file"
     ]
     for mode in ("optional", "required"):
         assert config_errors(f'ssl_client_authentication = "{mode}"\nca_file = "{pki.ca}"\nlisten = "{listen}"') == []

@@ -15,7 +15,7 @@ from typing import Any
 
 from logrouter import registry
 from logrouter.config import endpoints
-from logrouter.config.options import Option, non_negative, one_of, positive
+from logrouter.config.options import Option, Problems, non_negative, one_of, positive
 from logrouter.compaction.options import COMPACTION_OPTIONS, check_compaction
 
 DURABILITY = ("fsync", "os", "none")
@@ -137,9 +137,9 @@ def _check_table(path: str, table: Any, options: dict[str, Option], errors: list
             allowed = ", ".join(sorted(options)) or "none"
             errors.append(f"{path}.{key}: unknown key (allowed: {allowed})")
             continue
-        message = _check_value(value, option)
-        if message:
-            errors.append(f"{path}.{key}: {message}")
+        messages = _check_value(value, option)
+        if messages:
+            errors.extend(_at(f"{path}.{key}", message) for message in messages)
             continue
         result[key] = float(value) if option.types is float and isinstance(value, int) else value
     for key, option in options.items():
@@ -152,7 +152,20 @@ def _check_table(path: str, table: Any, options: dict[str, Option], errors: list
     return result
 
 
-def _check_value(value: Any, option: Option) -> str | None:
+def _cross_key(path: str, options: dict[str, Option], message: str) -> str:
+    """A component's cross-key message under the path of the key it starts with, if any."""
+    key, sep, rest = message.partition(": ")
+    if sep and key in options:
+        return f"{path}.{key}: {rest}"
+    return f"{path}: {message}"
+
+
+def _at(path: str, message: str) -> str:
+    """``message`` under ``path``: joined directly when it names a part (``[1].port: …``)."""
+    return f"{path}{message}" if message.startswith(("[", ".")) else f"{path}: {message}"
+
+
+def _check_value(value: Any, option: Option) -> list[str]:
     types = option.types if isinstance(option.types, tuple) else (option.types,)
     # TOML booleans are ints to Python; a bool is only accepted where bool is declared.
     if isinstance(value, bool) and bool not in types:
@@ -162,13 +175,15 @@ def _check_value(value: Any, option: Option) -> str | None:
     else:
         ok = isinstance(value, types)
     if not ok:
-        return f"must be {_article(option.type_names())}, got {_describe(value)}"
+        return [f"must be {_article(option.type_names())}, got {_describe(value)}"]
     if option.check is not None:
         try:
             option.check(value)
+        except Problems as e:
+            return e.messages
         except ValueError as e:
-            return str(e)
-    return None
+            return [str(e)]
+    return []
 
 
 def _read_components(kind: str, tables: Any, errors: list[str]) -> dict[str, Component]:
@@ -197,7 +212,7 @@ def _read_components(kind: str, tables: Any, errors: list[str]) -> dict[str, Com
         options = _check_table(path, body, cls.OPTIONS, errors)
         check_options = getattr(cls, "check_options", None)
         if check_options is not None and not any(e.startswith(path + ".") or e.startswith(path + ":") for e in errors):
-            errors.extend(f"{path}: {message}" for message in check_options(options))
+            errors.extend(_cross_key(path, cls.OPTIONS, message) for message in check_options(options))
         components[name] = Component(kind, name, type_name, options, inputs)
     return components
 

@@ -13,12 +13,25 @@ from typing import Any, Callable
 REQUIRED = object()
 
 
+class Problems(ValueError):
+    """Several problems of one value, raised by an ``Option.check``.
+
+    A message that starts with ``[`` or ``.`` names a part of the value and is joined to
+    the key's path (``servers`` + ``[1].port: …`` → ``sinks.out.servers[1].port: …``).
+    """
+
+    def __init__(self, messages: list[str]) -> None:
+        super().__init__("; ".join(messages))
+        self.messages = messages
+
+
 @dataclass(frozen=True)
 class Option:
     """One config key: the accepted value types, a default, and an optional check.
 
     ``check`` receives the value after the type test and raises ``ValueError`` with a
-    message that completes "<path>: ..." when the value is unacceptable.
+    message that completes "<path>: ..." when the value is unacceptable, or ``Problems``
+    for several, each naming its part of the value.
     """
 
     types: type | tuple[type, ...]

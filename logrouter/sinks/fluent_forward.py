@@ -79,7 +79,7 @@ from twisted.python.failure import Failure
 
 from logrouter import registry, tls
 from logrouter.batch import Batch
-from logrouter.config.options import Option, non_negative, one_of, positive
+from logrouter.config.options import Option, Problems, non_negative, one_of, positive
 from logrouter.sinks.base import SINK_OPTIONS, SinkBase
 from logrouter.sinks.state import CursorSaver
 from logrouter.sinks.forward_client import (  # noqa: F401 - tests reach the factories through this module
@@ -153,7 +153,7 @@ def server_problems(value: list[Any]) -> list[str]:
 def _check_servers(value: list[Any]) -> None:
     problems = server_problems(value)
     if problems:
-        raise ValueError("; ".join(problems))
+        raise Problems(problems)
 
 
 

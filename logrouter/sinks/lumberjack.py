@@ -64,7 +64,7 @@ from twisted.python.failure import Failure
 
 from logrouter import registry, tls
 from logrouter.batch import Batch, Event
-from logrouter.config.options import Option, non_negative, positive
+from logrouter.config.options import Option, Problems, non_negative, positive
 from logrouter.lake.extra import jsonable
 from logrouter.sinks.base import SINK_OPTIONS, SinkBase
 from logrouter.sinks.state import CursorSaver
@@ -123,13 +123,13 @@ def _check_hosts(value: list[Any]) -> None:
         try:
             address = parse_host(item)
         except ValueError as e:
-            problems.append(f"item {i}: {e}")
+            problems.append(f"[{i}]: {e}")
             continue
         first = seen.setdefault(address, i)
         if first != i:
-            problems.append(f"item {i}: {item!r} is already listed as item {first}")
+            problems.append(f"[{i}]: {item!r} is already listed as [{first}]")
     if problems:
-        raise ValueError("; ".join(problems))
+        raise Problems(problems)
 
 
 def _check_compression_level(value: int) -> None:
