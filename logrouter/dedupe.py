@@ -28,17 +28,14 @@ class DedupeWindow:
         self.capacity = capacity
         self.done: OrderedDict[Key, int] = OrderedDict()  # id -> spool position
         self.pending: dict[Key, list[defer.Deferred]] = {}
-        self.hits = 0
 
     def lookup(self, key: Key) -> defer.Deferred | None:
         """A Deferred for the ack of a retransmitted id, or ``None`` for a new one."""
         if key in self.done:
-            self.hits += 1
             self.done.move_to_end(key)
             return defer.succeed(None)
         waiting = self.pending.get(key)
         if waiting is not None:
-            self.hits += 1
             d: defer.Deferred = defer.Deferred()
             waiting.append(d)
             return d

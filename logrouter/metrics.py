@@ -46,6 +46,10 @@ def _samples(router: Any) -> Iterator[tuple[str, str, dict[str, str], float]]:
         yield "logrouter_sink_queued_bytes", "gauge", labels, sink.queued_bytes
         yield "logrouter_sink_live", "gauge", labels, int(feed.live)
         yield "logrouter_sink_failures_total", "counter", labels, sink.failures
+        writer = getattr(sink, "writer", None)
+        if writer is not None:  # the parquet sink's open files and the rows they buffer
+            yield "logrouter_sink_open_files", "gauge", labels, writer.open_files
+            yield "logrouter_sink_buffered_rows", "gauge", labels, writer.buffered_rows
         # Counters only some sinks have (files, forward chunks, Beats windows, …).
         for attribute in (
             "files_published", "rows_published", "commits",

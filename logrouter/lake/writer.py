@@ -152,7 +152,8 @@ class LakeWriter:
 
     @property
     def buffered_rows(self) -> int:
-        return sum(len(f.pending) for f in self._files.values())
+        # list() copies in one step, so /metrics may read this while the worker writes.
+        return sum(len(f.pending) for f in list(self._files.values()))
 
     @property
     def buffered_bytes(self) -> int:
