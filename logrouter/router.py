@@ -107,6 +107,8 @@ class Router:
         self.sinks = {name: c.cls(name, c.options, self.errors, reactor) for name, c in config.sinks.items()}
         self.filters = {name: c.cls(name, c.options, self.errors) for name, c in config.filters.items()}
         self.sources = {name: c.cls(name, c.options, self, reactor) for name, c in config.sources.items()}
+        # A source's own `durability` overrides the spool's for its batches.
+        self.durability = {name: c.options.get("durability", "") for name, c in config.sources.items()}
         self.routes = self._build_routes()
         self.feeds = {name: SinkFeed(name, sink) for name, sink in self.sinks.items()}
         for feed in self.feeds.values():
@@ -163,12 +165,13 @@ class Router:
         self.batches_in += 1
         self.events_in += len(batch.events)
         payload = encode_batch(batch, dedupe_key)
-        d = self.spool.append(payload)
+        durability = self.durability.get(batch.source) or self.spool.durability
+        d = self.spool.append(payload, durability)
         d.addCallback(self._route_live, batch, len(payload), dedupe_key)
         if dedupe_key is not None:
             d.addErrback(self._not_stored, dedupe_key)
         self._check_backpressure()
-        if self.spool.durability == "none":
+        if durability == "none":
             d.addErrback(lambda f: self.log.failure("spool write failed", f))
             return defer.succeed(None)
         return d

@@ -249,3 +249,11 @@ def test_check_config_command(tmp_path):
 
 def test_shipped_default_config_is_valid():
     load_file("etc/logrouter.toml")
+
+
+def test_source_durability_overrides_the_spool():
+    config = load_string(GOOD.replace('listen = "tcp:24224:interface=127.0.0.1"', 'listen = "tcp:24224:interface=127.0.0.1"\ndurability = "os"'))
+    assert config.sources["forward"].options["durability"] == "os"
+    assert load_string(GOOD).sources["forward"].options["durability"] == ""
+    errors = errors_of(GOOD.replace('listen = "tcp:24224:interface=127.0.0.1"', 'listen = "tcp:24224:interface=127.0.0.1"\ndurability = "maybe"'))
+    assert errors == ["sources.forward.durability: must be one of '', 'fsync', 'os', 'none', got 'maybe'"]

@@ -170,3 +170,23 @@ def test_frame_layout():
     f = frame(b"abc")
     assert f[:4] == b"LRS1" and f[4:8] == b"\x00\x00\x00\x03" and f[8:12] == bytes.fromhex("352441c2")
     assert len(f) == HEADER_SIZE + 3
+
+
+def test_a_record_that_asks_for_fsync_gets_one_in_an_os_spool(reactor, tmp_path):
+    spool = SpoolLog(reactor, str(tmp_path), "os")
+    spool.open()
+    run(reactor, spool.append(b"page cache is enough"))
+    assert spool.fsyncs == 0
+    run(reactor, spool.append(b"this one must be on disk", "fsync"))
+    assert spool.fsyncs == 1
+    run(reactor, spool.close())
+
+
+def test_an_os_record_in_an_fsync_spool_is_not_fsynced_alone(reactor, tmp_path):
+    spool = SpoolLog(reactor, str(tmp_path), "fsync")
+    spool.open()
+    run(reactor, spool.append(b"relaxed", "os"))
+    assert spool.fsyncs == 0
+    run(reactor, spool.append(b"default"))
+    assert spool.fsyncs == 1
+    run(reactor, spool.close())

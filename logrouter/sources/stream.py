@@ -23,10 +23,16 @@ from zope.interface import implementer
 from logrouter import tls
 from logrouter.batch import Batch
 from logrouter.config.endpoints import listen_option
-from logrouter.config.options import Option, non_negative, positive
+from logrouter.config.options import Option, non_negative, one_of, positive
 from logrouter.wire.errors import DecodeError
 
 STREAM_OPTIONS: dict[str, Option] = {
+    "durability": Option(
+        str,
+        "",
+        "when this source's acks may be sent: fsync, os or none (empty = the spool's durability)",
+        one_of("", "fsync", "os", "none"),
+    ),
     "max_connections": Option(int, 1024, "connections beyond this are closed at once", positive),
     "idle_timeout_secs": Option(
         (int, float), 300, "close a connection silent for this long (0 = never)", non_negative

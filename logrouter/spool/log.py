@@ -101,13 +101,14 @@ class SpoolLog:
 
     # -- appending (reactor thread) ---------------------------------------------------
 
-    def append(self, payload: bytes) -> defer.Deferred:
-        """Queue ``payload``; the Deferred fires with ``(position, end)`` once written as configured."""
+    def append(self, payload: bytes, durability: str | None = None) -> defer.Deferred:
+        """Queue ``payload``; the Deferred fires with ``(position, end)`` once written as
+        ``durability`` (default: the spool's own mode) asks: fsync'd for ``fsync``."""
         position = self.end
         data = frame(payload)
         self.end += len(data)
         end = self.end
-        d = self._worker.submit((position, data))
+        d = self._worker.submit((position, data, (durability or self.durability) == "fsync"))
         d.addCallback(self._written, position, end)
         return d
 
@@ -213,10 +214,10 @@ class SpoolLog:
 
     # -- worker thread -----------------------------------------------------------------
 
-    def _write(self, frames: list[tuple[int, bytes]]) -> list[int]:
+    def _write(self, frames: list[tuple[int, bytes, bool]]) -> list[int]:
         chunk: list[bytes] = []
         new_bases = []
-        for position, data in frames:
+        for position, data, _ in frames:
             if position >= self._segment_base + self.segment_bytes and position > self._segment_base:
                 self._flush(chunk)
                 chunk = []
@@ -226,7 +227,9 @@ class SpoolLog:
                 new_bases.append(position)
             chunk.append(data)
         self._flush(chunk)
-        if self.durability == "fsync":
+        # One fsync covers the whole run as soon as one record in it needs it (an `os`
+        # record then waits for it too: never acked earlier than asked, only later).
+        if any(sync for _, _, sync in frames):
             self._sync()
         return new_bases
 
