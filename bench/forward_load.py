@@ -287,6 +287,8 @@ def main() -> None:
               f"events/chunk={args.events_per_chunk}{variant}")
         print(f"  {stats.acked_events / elapsed:,.0f} events/s acked ({stats.acked_events:,} events in {elapsed:.1f}s)")
         print(f"  {fsync_count / elapsed:,.1f} fsyncs/s, peak RSS {rss:,.0f} MiB, graceful stop {stop_secs:.1f}s (exit {code})")
+        print(f"  {rows / (elapsed + stop_secs):,.0f} events/s end to end into Parquet "
+              f"(all rows committed by the end of the graceful stop)")
         print(f"  lake rows {rows:,} ({'matches' if rows == stats.acked_events else 'MISMATCH with'} acked events)")
         if rows != stats.acked_events or not run.clean_stop:
             sys.stdout.write("".join(lines[-40:]))

@@ -32,6 +32,7 @@ from logrouter.spool.record import decode_batch, decode_key, encode_batch
 READ_CHUNK_BYTES = 4 << 20
 LOW_WATER = 0.8  # resume sources / feed a sink again below this share of its bound
 MAX_UNWRITTEN_BYTES = 64 << 20  # appended but not yet written by the spool's worker
+DRAIN_SHARE = 0.8  # of shutdown_timeout_secs, for sinks to catch up before they commit
 DEDUPE_SNAPSHOT_SECS = 10.0
 
 
@@ -124,6 +125,7 @@ class Router:
         self.pauses = 0
         self._paused_at = 0.0
         self.stopping = False
+        self._drain_waiter: defer.Deferred | None = None
         self.metrics_port: Any = None
         self._snapshot_position = 0
         self._snapshot_saved_at = float("-inf")
@@ -244,6 +246,7 @@ class Router:
                     self._handed(feed, next_position)  # past damage that was quarantined
         feed.reading = None
         self._catch_up(feed)
+        self._check_drained()
 
     def _read_failed(self, failure: Any, feed: SinkFeed) -> None:
         feed.reading = None
@@ -259,6 +262,7 @@ class Router:
         self._trim()
         if not feed.live:
             self._catch_up(feed)
+        self._check_drained()
 
     def _rewind(self, feed: SinkFeed) -> None:
         """The sink dropped what it held: feed it again from its cursor."""
@@ -364,6 +368,41 @@ class Router:
             address = self.metrics_port.getHost()
             self.log.info("metrics listening on {host} port {port}", host=address.host, port=address.port)
 
+    def _drained(self) -> bool:
+        """Every working sink has been handed everything the spool holds."""
+        return all(feed.sink.failing or feed.delivered >= self.routed_end for feed in self.feeds.values())
+
+    def _drain(self, timeout: float) -> defer.Deferred:
+        """Fires once sinks behind the spool have caught up, or after ``timeout`` seconds
+        (0 = no limit): what is still behind then stays in the spool for the next start."""
+        if self._drained():
+            return defer.succeed(None)
+        behind = {f.name: self.routed_end - f.delivered for f in self.feeds.values() if f.delivered < self.routed_end}
+        self.log.info("stopping: sinks catching up with the spool first: {behind} bytes behind", behind=behind)
+        self._drain_waiter = defer.Deferred()
+        for feed in self.feeds.values():
+            self._catch_up(feed)
+        if timeout:
+
+            def give_up() -> None:
+                if self._drain_waiter is not None:
+                    self.log.warn(
+                        "stopping: sinks did not catch up within {timeout:.0f}s; the rest stays in the spool "
+                        "and is delivered at the next start",
+                        timeout=timeout,
+                    )
+                    waiter, self._drain_waiter = self._drain_waiter, None
+                    waiter.callback(None)
+
+            call = self.reactor.callLater(timeout, give_up)
+            self._drain_waiter.addBoth(lambda result: (call.active() and call.cancel(), result)[1])
+        return self._drain_waiter
+
+    def _check_drained(self) -> None:
+        if self._drain_waiter is not None and self._drained():
+            waiter, self._drain_waiter = self._drain_waiter, None
+            waiter.callback(None)
+
     def _load_dedupe(self) -> None:
         """The id window as it was: the snapshot, then the ids of the records after it."""
         entries, position = dedupe.load_snapshot(self.dedupe_path)
@@ -389,6 +428,7 @@ class Router:
             yield self.metrics_port.stopListening()
         yield defer.DeferredList([defer.maybeDeferred(s.stop) for s in self.sources.values()], consumeErrors=True)
         yield self.spool.close()
+        yield self._drain(float(self.config.router["shutdown_timeout_secs"]) * DRAIN_SHARE)
         self.stopping = True
         reads = [feed.reading for feed in self.feeds.values() if feed.reading is not None]
         if reads:

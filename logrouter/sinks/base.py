@@ -30,7 +30,7 @@ from logrouter.sinks.state import SinkState
 
 SINK_OPTIONS: dict[str, Option] = {
     "max_queue_bytes": Option(
-        int, 64 << 20, "memory for records handed to this sink and not yet done", positive
+        int, 32 << 20, "memory for records handed to this sink and not yet done", positive
     ),
     "retry_initial_secs": Option((int, float), 1.0, "first wait after a failure", positive),
     "retry_max_secs": Option((int, float), 60.0, "longest wait between retries", positive),
