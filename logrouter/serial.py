@@ -16,11 +16,24 @@ from twisted.python.threadpool import ThreadPool
 
 
 class SerialWorker:
-    """Run ``job(items)`` in one thread; every ``submit`` Deferred fires with that run's result."""
+    """Run ``job(items)`` in one thread; every ``submit`` Deferred fires with that run's result.
 
-    def __init__(self, reactor: Any, job: Callable[[list[Any]], Any], name: str) -> None:
+    With ``on_result``/``on_failure`` the run's outcome goes to those, once per run, and
+    the ``submit`` Deferreds only say the item was handled (they fire with ``None``).
+    """
+
+    def __init__(
+        self,
+        reactor: Any,
+        job: Callable[[list[Any]], Any],
+        name: str,
+        on_result: Callable[[Any], None] | None = None,
+        on_failure: Callable[[Failure], None] | None = None,
+    ) -> None:
         self._reactor = reactor
         self._job = job
+        self._on_result = on_result
+        self._on_failure = on_failure
         self._pool = ThreadPool(1, 1, name=name)
         self._queued: list[Any] = []
         self._waiting: list[defer.Deferred] = []
@@ -68,6 +81,12 @@ class SerialWorker:
 
     def _done(self, result: Any, waiting: list[defer.Deferred]) -> None:
         self._busy = False
+        if isinstance(result, Failure) and self._on_failure is not None:
+            self._on_failure(result)
+            result = None
+        elif not isinstance(result, Failure) and self._on_result is not None:
+            self._on_result(result)
+            result = None
         for d in waiting:
             if isinstance(result, Failure):
                 d.errback(result)

@@ -85,9 +85,12 @@ class SinkBase:
 
     def _retry(self) -> None:
         self._retry_call = None
+        epoch = self.epoch
         d = defer.maybeDeferred(self.reset)
 
         def ready(_: Any) -> None:
+            if self.epoch != epoch:
+                return  # the reset itself failed: fail() has scheduled the next retry
             self.failing = False
             self.on_rewind()
 

@@ -85,7 +85,9 @@ class ParquetSink(SinkBase):
         self.root = options["path"].removeprefix("file://")
         self.writer_id = options["writer_id"] or _default_writer_id(name)
         self.writer = self._new_writer()
-        self.worker = SerialWorker(reactor, self._work, f"logrouter-parquet-{name}")
+        self.worker = SerialWorker(
+            reactor, self._work, f"logrouter-parquet-{name}", on_result=self._done, on_failure=self._failed
+        )
         self.ticker = task.LoopingCall(self._tick)
         self.ticker.clock = reactor
         self.fed_end = 0  # end of the last spool record handed over (reactor thread)
@@ -166,15 +168,10 @@ class ParquetSink(SinkBase):
         return self._submit((_RESET,))
 
     def _submit(self, item: tuple) -> defer.Deferred:
-        d = self.worker.submit((item, self.reactor.seconds(), self.fed_end, self.epoch))
-        d.addCallbacks(self._done, self._failed)
-        return d
+        return self.worker.submit((item, self.reactor.seconds(), self.fed_end, self.epoch))
 
-    def _done(self, result: "_Once") -> None:
-        taken = result.take()
-        if taken is None:
-            return  # every Deferred of one run gets the same result; only the first applies it
-        freed, cursor, refused = taken
+    def _done(self, result: tuple[int, int, list]) -> None:
+        freed, cursor, refused = result
         self.queued_bytes = max(0, self.queued_bytes - freed)
         self.cursor = max(self.cursor, cursor)
         for tag, reason, events in refused:
@@ -185,22 +182,20 @@ class ParquetSink(SinkBase):
 
     def _failed(self, failure: Any) -> None:
         if self.failing:
-            return  # already failing: the same run's other Deferreds
+            return  # a run queued before the failure was noticed
         self.queued_bytes = 0
         self.fail(failure)
         self.on_progress()
 
     # -- worker thread -----------------------------------------------------------------
 
-    def _work(self, items: list[tuple[tuple, float, int, int]]) -> "_Once":
-        """One run over everything queued. Returns a one-shot holder of the result so
-        only the first Deferred of the run applies it."""
+    def _work(self, items: list[tuple[tuple, float, int, int]]) -> tuple[int, int, list]:
+        """One run over everything queued; on any error the writer drops what it holds."""
         try:
-            result = self._run(items)
+            return self._run(items)
         except BaseException:
             self.writer.abort()
             raise
-        return _Once(result)
 
     def _run(self, items: list[tuple[tuple, float, int, int]]) -> tuple[int, int, list]:
         freed = 0
@@ -265,16 +260,3 @@ def _bucket(file: SealedFile) -> int:
     """The hour bucket (hours since the epoch) of a sealed file's partition."""
     day = datetime.date.fromisoformat(file.dt)
     return (day.toordinal() - datetime.date(1970, 1, 1).toordinal()) * 24 + int(file.hour)
-
-
-class _Once:
-    """A run's result, handed to whichever of the run's Deferreds fires first."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def take(self) -> Any:
-        value, self.value = self.value, None
-        return value
