@@ -28,18 +28,12 @@ import pytest
 
 from helpers import wait_until
 from daemon import Daemon
-from fixtures.pki import make_pki
 from logrouter.lake.dataset import lake_dataset
 from logrouter.wire.fluent_forward import encode_packed_forward
 
 CHUNKS = 300
 EVENTS_PER_CHUNK = 20
 T0 = 1_700_000_000 * 10**9
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 def config_b(pki, port: int = 0) -> str:

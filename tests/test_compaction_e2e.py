@@ -19,12 +19,12 @@ import struct
 import subprocess
 import sys
 import time
-import urllib.request
 
 import msgpack
 import pytest
 
 from daemon import Daemon
+from helpers import recv_exactly
 from logrouter.lake.dataset import lake_dataset
 
 CONFIG = """
@@ -68,15 +68,6 @@ def _skip_without_spark() -> None:
         pytest.skip("java is not installed (no `java` on PATH and no JAVA_HOME)")
 
 
-def recv_exactly(sock: socket.socket, count: int) -> bytes:
-    data = b""
-    while len(data) < count:
-        chunk = sock.recv(count - len(data))
-        assert chunk, "connection closed"
-        data += chunk
-    return data
-
-
 def packed_forward(tag: str, entries: list, chunk: str) -> bytes:
     blob = b"".join(msgpack.packb(e) for e in entries)
     return msgpack.packb([tag, blob, {"size": len(entries), "chunk": chunk}])
@@ -97,13 +88,6 @@ def next_line(daemon: Daemon, regex: re.Pattern, seen: int, timeout: float) -> t
                 raise AssertionError(f"daemon exited:\n{daemon.output}")
         except queue.Empty:
             continue
-
-
-def metrics(daemon: Daemon) -> dict[str, float]:
-    port = int(daemon.wait_for(r"metrics listening on \S+ port (\d+)").group(1))
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return {k: float(v) for k, v in (line.rsplit(" ", 1) for line in text.splitlines() if line and line[0] != "#")}
 
 
 def test_the_daemon_compacts_the_partitions_it_wrote(tmp_path):
@@ -138,7 +122,7 @@ def test_the_daemon_compacts_the_partitions_it_wrote(tmp_path):
                     break
         else:
             raise AssertionError(f"never compacted into one file:\n{daemon.output}")
-        values = metrics(daemon)
+        values = daemon.metrics()
         daemon.stop_gracefully()
 
     assert values["logrouter_compaction_partitions_total"] >= 1

@@ -7,7 +7,6 @@ import textwrap
 
 import pytest
 
-from fixtures.pki import make_pki
 from logrouter.config.load import ConfigError, load_string
 
 HEAD = """
@@ -29,11 +28,6 @@ def errors_of(body: str) -> list[str]:
     with pytest.raises(ConfigError) as info:
         load(body)
     return info.value.errors
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 def test_defaults():

@@ -6,13 +6,7 @@ import textwrap
 
 import pytest
 
-from fixtures.pki import make_pki
 from logrouter.config.load import ConfigError, load_string
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 def source_config(body: str) -> str:

@@ -14,14 +14,11 @@ import gzip
 import socket
 import ssl
 import struct
-import urllib.request
 
 import msgpack
-import pytest
 import zstandard
 
 from daemon import Daemon
-from fixtures.pki import make_pki
 from logrouter.lake.dataset import lake_dataset
 from logrouter.wire import fluent_handshake as hs
 from logrouter.wire.fluent_forward import encode_event_time
@@ -85,13 +82,6 @@ def packed(tag: str, blob: bytes, options: dict) -> bytes:
 
 def entries(start: int, count: int) -> bytes:
     return b"".join(msgpack.packb([encode_event_time((T0 + i) * NS), {"seq": i}]) for i in range(start, start + count))
-
-
-def metrics(daemon: Daemon) -> dict[str, float]:
-    port = int(daemon.wait_for(r"metrics listening on \S+ port (\d+)").group(1))
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        text = response.read().decode()
-    return {k: float(v) for k, v in (line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))}
 
 
 def rows_by_tag(path) -> dict[str, list[dict]]:
@@ -180,7 +170,7 @@ def test_handshake_end_to_end(tmp_path):
                 udp.sendto(datagram, ("127.0.0.1", port))
                 assert udp.recvfrom(16) == (b"\x00", ("127.0.0.1", port))
 
-        values = metrics(daemon)
+        values = daemon.metrics()
         assert values['logrouter_source_decode_errors_total{source="secure",type="fluent_forward"}'] == 3
         daemon.stop_gracefully()
 
@@ -189,11 +179,6 @@ def test_handshake_end_to_end(tmp_path):
     assert sorted(r["seq"] for r in rows["app.gzip"]) == list(range(100))
     assert sorted(r["seq"] for r in rows["app.zstd"]) == list(range(50))
     assert sorted(r["log"] for r in rows["app.fb"]) == sorted([f"fb {i}" for i in range(5)] + ["fb 0", "fb 1"])
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 def mtls_config(pki) -> str:

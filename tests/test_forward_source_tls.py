@@ -17,15 +17,9 @@ from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.test.iosim import connectedServerAndClient
 from zope.interface import implementer
 
-from fixtures.pki import make_pki
 from logrouter import tls
 
 ADDRESS = IPv4Address("TCP", "127.0.0.1", 40000)
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 @implementer(IHandshakeListener)

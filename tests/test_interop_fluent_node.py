@@ -24,7 +24,6 @@ from pathlib import Path
 import pytest
 
 from daemon import REPO, Daemon
-from fixtures.pki import make_pki
 from logrouter.lake.dataset import lake_dataset
 
 INTEROP = REPO / "tests" / "interop"
@@ -68,11 +67,6 @@ def rows_by_tag(path: Path) -> dict[str, list[dict]]:
     for row in lake_dataset(str(path)).to_table().to_pylist():
         out.setdefault(row["tag"], []).append(row)
     return out
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 def secure_config(pki) -> str:

@@ -23,10 +23,8 @@ import threading
 import time
 import urllib.request
 
-import pytest
 
 from daemon import Daemon
-from fixtures.pki import make_pki
 from logrouter.wire.fluent_forward import encode_packed_forward
 from test_interop_fluent_node import INTEROP, NODE, require
 
@@ -98,11 +96,6 @@ class NodeServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory):
-    return make_pki(tmp_path_factory.mktemp("pki"))
 
 
 def router_config(port: int, sink_options: str) -> str:
