@@ -61,6 +61,7 @@ class StreamProtocol(protocol.Protocol, TimeoutMixin):
         self.tls_established = False  # set once a TLS handshake completed
         self.tls_peer: str | None = None  # the verified client certificate's subject
         self.pending: set[defer.Deferred] = set()
+        self.holds: set[str] = set()  # why reading is paused; reading resumes once none is left
         self.callLater = source.reactor.callLater  # TimeoutMixin schedules through this
 
     def make_decoder(self) -> Any:
@@ -94,7 +95,7 @@ class StreamProtocol(protocol.Protocol, TimeoutMixin):
         if self.source.options["idle_timeout_secs"]:
             self.setTimeout(self.source.options["idle_timeout_secs"])
         if self.source.paused:
-            self.transport.pauseProducing()
+            self.hold_reading("backpressure")
         self.connection_ready()
 
     def handshakeCompleted(self) -> None:
@@ -187,6 +188,24 @@ class StreamProtocol(protocol.Protocol, TimeoutMixin):
 
         d.addCallbacks(durable, failed)
 
+    def hold_reading(self, reason: str) -> None:
+        """Stop reading from this connection until every reason given is released.
+
+        Several parties pause a connection for their own reasons (router backpressure, a
+        stop, a message decoded off the reactor): the transport resumes only when the
+        last of them lets go, never because one of them did.
+        """
+        if not self.holds and self.transport is not None:
+            self.transport.pauseProducing()
+        self.holds.add(reason)
+
+    def release_reading(self, reason: str) -> None:
+        if reason not in self.holds:
+            return
+        self.holds.discard(reason)
+        if not self.holds and self.transport is not None and not self.closing:
+            self.transport.resumeProducing()
+
     def send(self, data: bytes) -> None:
         if not self.closing and self.transport is not None:
             self.transport.write(data)
@@ -255,7 +274,7 @@ class StreamSource:
         """Stop accepting, let stored-but-unacked batches get their replies, then close."""
         d = defer.maybeDeferred(self.port.stopListening) if self.port is not None else defer.succeed(None)
         for connection in list(self.connections):
-            connection.transport.pauseProducing()
+            connection.hold_reading("stopping")
 
         def drain(_: Any) -> defer.Deferred:
             pending = [p for c in self.connections for p in c.pending]
@@ -281,10 +300,10 @@ class StreamSource:
         if not self.paused:
             self.paused = True
             for connection in self.connections:
-                connection.transport.pauseProducing()
+                connection.hold_reading("backpressure")
 
     def resume_reading(self) -> None:
         if self.paused:
             self.paused = False
             for connection in self.connections:
-                connection.transport.resumeProducing()
+                connection.release_reading("backpressure")
