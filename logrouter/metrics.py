@@ -35,6 +35,11 @@ def _samples(router: Any) -> Iterator[tuple[str, str, dict[str, str], float]]:
         for attribute in ("invalid_events", "tls_errors", "auth_failures", "size_mismatches", "heartbeats"):
             if hasattr(source, attribute):
                 yield f"logrouter_source_{attribute}_total", "counter", labels, getattr(source, attribute)
+        # Stream sources: connections refused by a cap, and why each accepted one ended.
+        for reason, count in getattr(source, "refused", {}).items():
+            yield "logrouter_source_connections_refused_total", "counter", {**labels, "reason": reason}, count
+        for reason, count in getattr(source, "closed", {}).items():
+            yield "logrouter_source_connections_closed_total", "counter", {**labels, "reason": reason}, count
     for name, count in router.errors.counts.items():
         yield "logrouter_error_path_records_total", "counter", {"component": name}, count
     for name, sink in router.sinks.items():
@@ -65,14 +70,19 @@ def _samples(router: Any) -> Iterator[tuple[str, str, dict[str, str], float]]:
 
 
 def render(router: Any) -> str:
-    lines: list[str] = []
-    typed: set[str] = set()
+    # The text format wants every sample of a metric right under its TYPE line, while
+    # _samples yields them per component: group them here.
+    families: dict[str, tuple[str, list[str]]] = {}
     for metric, kind, labels, value in _samples(router):
-        if metric not in typed:
-            typed.add(metric)
-            lines.append(f"# TYPE {metric} {kind}")
+        family = families.get(metric)
+        if family is None:
+            family = families[metric] = (kind, [])
         label_text = ",".join(f'{k}="{v}"' for k, v in labels.items())
-        lines.append(f"{metric}{{{label_text}}} {value}" if label_text else f"{metric} {value}")
+        family[1].append(f"{metric}{{{label_text}}} {value}" if label_text else f"{metric} {value}")
+    lines: list[str] = []
+    for metric, (kind, samples) in families.items():
+        lines.append(f"# TYPE {metric} {kind}")
+        lines.extend(samples)
     return "\n".join(lines) + "\n"
 
 
