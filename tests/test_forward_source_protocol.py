@@ -423,3 +423,29 @@ def test_other_tls_errors_and_plain_closes(logs):
     proto, _ = connect(source)
     proto.connectionLost(Failure(error.ConnectionDone()))
     assert source.tls_errors == 1 and len([line for line in logs if "TLS" in line]) == 1
+
+
+# -- out-of-range times and undecodable input (issue #9: 5, 10) --------------------------
+
+
+@pytest.mark.parametrize("bad_time", [1e308, -1e308, 2**64 - 1, -(2**63), 9_223_372_037], ids=str)
+def test_out_of_range_time_is_an_invalid_event_and_the_chunk_is_acked(bad_time, logs):
+    source, router = make_source()
+    proto, transport = connect(source)
+    entries = [[T0, {"n": 1}], [bad_time, {"n": 2}], [T0 + 1, {"n": 3}]]
+    proto.dataReceived(msgpack.packb(["app.t", entries, {"chunk": "t1"}]))
+    assert [r["n"] for _, r in router.batches[0].events] == [1, 3]
+    assert source.invalid_events == 1 and source.decode_errors == 0
+    router.make_durable()
+    assert take(transport) == [{"ack": "t1"}] and not transport.disconnecting
+    assert "fluent_forward 10.1.2.3:40000: skipped 1 invalid event(s) in tag app.t" in logs
+
+
+def test_undecodable_msgpack_is_logged_with_what_was_wrong(logs):
+    source, _ = make_source()
+    proto, transport = connect(source)
+    proto.dataReceived(b"\x93\xa3app\xc1garbage")
+    assert (
+        "fluent_forward 10.1.2.3:40000: invalid msgpack: FormatError (unexpected byte 0xc1 at offset 5); "
+        "closing connection"
+    ) in logs

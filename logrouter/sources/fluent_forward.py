@@ -15,10 +15,27 @@ heartbeat datagrams with one ``0x00`` byte, as in_forward does.
 
 The ``size`` option is a hint: a message whose entry count differs is stored whole, the
 mismatch is counted (``size_mismatches``) and logged once per connection.
+
+Big messages are decoded off the reactor (``offload_bytes``): a message whose entries
+pass that size (a long Forward array, a big PackedForward blob, one that inflates beyond
+it) is inflated and unpacked in the source's own worker threads (``offload_threads``),
+in parts of about ``offload_part_bytes`` of entries, while that connection's reading is
+held; its later messages wait behind it in order, other connections go on. Each part is
+one batch, so neither memory nor one spool record holds the whole message, and the next
+part is only built once the one before the previous is durable and the router is not
+pushing back. The ack goes out once every part is durable. A part's dedupe key is the
+chunk id for part 0 and ``chunk + b"\0part N"`` after it: a message resent after a crash
+between parts is split the same way, so the parts already stored are recognised and only
+the rest is stored (changing ``offload_bytes`` or ``offload_part_bytes`` between the two
+sends can store such a message twice). A graceful stop finishes messages already
+received before it closes their connections; a connection that closes meanwhile gets its
+message dropped after the part being built (parts already stored stay; no ack, so the
+client resends).
 """
 
 from __future__ import annotations
 
+import collections
 import socket
 from typing import Any
 
@@ -28,12 +45,40 @@ from twisted.internet.address import IPv4Address, IPv6Address
 from logrouter import registry, tls
 from logrouter.batch import Batch
 from logrouter.config.endpoints import listen_option
-from logrouter.config.options import Option, positive
+from logrouter.config.options import Option, non_negative, positive
+from logrouter.sources.offload import IteratorRun, OffloadPool
 from logrouter.sources.stream import StreamProtocol, StreamSource
 from logrouter.wire import fluent_forward as wire
 from logrouter.wire import fluent_handshake as handshake
 
 HEARTBEAT_REPLY = b"\x00"
+MAX_PART_BYTES = 128 << 20  # a part is one spool record, and the spool caps those at 256 MiB
+OFFLOAD_HOLD = "offload"  # the hold_reading reason while a connection's message is worked on
+
+
+def part_key(chunk: bytes | None, index: int) -> bytes | None:
+    """The dedupe key of part ``index`` of a message: a resend splits the same way."""
+    if chunk is None or index == 0:
+        return chunk
+    return chunk + b"\0part %d" % index
+
+
+class Offload:
+    """The bookkeeping of one message being decoded in parts for one connection."""
+
+    __slots__ = ("run", "tag", "chunk", "size", "parts", "entries", "invalid", "unacked", "finished", "room")
+
+    def __init__(self) -> None:
+        self.run: IteratorRun | None = None
+        self.tag = ""
+        self.chunk: bytes | None = None
+        self.size: Any = None
+        self.parts = 0
+        self.entries = 0
+        self.invalid = 0
+        self.unacked = 0  # parts handed to the router and not durable yet
+        self.finished = False  # every part has been handed out
+        self.room: defer.Deferred | None = None  # fires when the next part may be built
 
 
 class ForwardProtocol(StreamProtocol):
@@ -42,12 +87,22 @@ class ForwardProtocol(StreamProtocol):
     username = ""
     size_warned = False
 
+    def __init__(self, source: "FluentForwardSource") -> None:
+        super().__init__(source)
+        self.offload: Offload | None = None  # the message being decoded in parts, if any
+        self.waiting: collections.deque[Any] = collections.deque()  # frames decoded after it
+        # In ``pending`` while this connection has offloaded work, so a graceful stop
+        # (which waits for ``pending``) lets it finish before closing the connection.
+        self.busy: defer.Deferred | None = None
+
     def make_decoder(self) -> wire.ForwardDecoder:
+        offload_bytes = self.source.options["offload_bytes"]
         return wire.ForwardDecoder(
             max_message_bytes=self.source.options["max_message_bytes"],
             max_decompressed_bytes=self.source.options["max_decompressed_bytes"],
             # A handshake session is msgpack throughout (in_forward, section 4).
             allow_json=self.source.security is None,
+            offload_bytes=offload_bytes or None,
         )
 
     def connection_ready(self) -> None:
@@ -77,31 +132,42 @@ class ForwardProtocol(StreamProtocol):
         super().dataReceived(data)
 
     def handle(self, message: Any) -> None:
+        if self.offload is not None:
+            self.waiting.append(message)  # in order, after the message being worked on
+            return
+        if isinstance(message, wire.DeferredMessage):
+            self.start_offload(message)
+            return
         if isinstance(message, wire.Heartbeat):
             return
-        if message.invalid:
-            self.source.invalid_events += message.invalid
+        self.note_invalid(message.invalid, message.tag)
+        size = message.options.get("size")
+        if size is not None:
+            self.check_size(size, len(message.events) + message.invalid, message.tag)
+        chunk = message.chunk
+        if not message.events:
+            # Nothing to store (all invalid, or empty): fluentd still acks such a chunk.
+            self.ack(chunk)
+            return
+        on_durable = None if chunk is None else (lambda: self.ack(chunk))
+        self.submit(Batch(message.tag, message.events), on_durable, chunk)
+
+    def ack(self, chunk: bytes | None) -> None:
+        if chunk is not None:
+            self.send(wire.encode_ack(chunk, self.decoder.json_mode))
+
+    def note_invalid(self, count: int, tag: str) -> None:
+        if count:
+            self.source.invalid_events += count
             self.log.warn(
                 "fluent_forward {peer}: skipped {count} invalid event(s) in tag {tag}",
                 peer=self.peer,
-                count=message.invalid,
-                tag=message.tag,
+                count=count,
+                tag=tag,
             )
-        size = message.options.get("size")
-        if size is not None:
-            self.check_size(size, message)
-        chunk = message.chunk
-        on_durable = None if chunk is None else (lambda: self.send(wire.encode_ack(chunk, self.decoder.json_mode)))
-        if not message.events:
-            # Nothing to store (all invalid, or empty): fluentd still acks such a chunk.
-            if on_durable is not None:
-                on_durable()
-            return
-        self.submit(Batch(message.tag, message.events), on_durable, chunk)
 
-    def check_size(self, size: Any, message: wire.EventMessage) -> None:
+    def check_size(self, size: Any, entries: int, tag: str) -> None:
         """``size`` is a hint (in_forward only passes it on): a mismatch is counted, never dropped."""
-        entries = len(message.events) + message.invalid
         if type(size) is int and size == entries:
             return
         self.source.size_mismatches += 1
@@ -114,8 +180,120 @@ class ForwardProtocol(StreamProtocol):
                 peer=self.peer,
                 size=size,
                 entries=entries,
-                tag=message.tag,
+                tag=tag,
             )
+
+    # -- big messages, decoded in parts off the reactor -----------------------------------
+
+    def start_offload(self, message: wire.DeferredMessage) -> None:
+        self.hold_reading(OFFLOAD_HOLD)
+        if self.busy is None:
+            self.busy = defer.Deferred()
+            self.pending.add(self.busy)
+        offload = self.offload = Offload()
+        self.source.offloaded_messages += 1
+        parts = message.parts(self.source.options["offload_part_bytes"])
+        offload.run = IteratorRun(self.source.offload_pool, parts, lambda part: self.take_part(offload, part))
+        offload.run.start().addCallbacks(lambda _: self.offload_done(offload), lambda f: self.offload_failed(offload, f))
+
+    def take_part(self, offload: Offload, part: wire.EventMessage) -> defer.Deferred | None:
+        if self.closing:  # aborted (a store failed): the client resends what was not acked
+            self.abandon_offload()
+            return None
+        index = offload.parts
+        offload.parts += 1
+        if index == 0:
+            offload.tag, offload.chunk, offload.size = part.tag, part.chunk, part.options.get("size")
+        offload.entries += len(part.events) + part.invalid
+        offload.invalid += part.invalid
+        if part.events:
+            offload.unacked += 1
+            self.source.offloaded_parts += 1
+            self.submit(Batch(part.tag, part.events), lambda: self.part_durable(offload), part_key(part.chunk, index))
+        return self.wait_for_room(offload)
+
+    def has_room(self, offload: Offload) -> bool:
+        # At most two parts wait for the disk while a third is built, and none is built
+        # while the router pushes back: memory stays a few parts, whatever the message.
+        return offload.unacked <= 1 and not self.source.paused
+
+    def wait_for_room(self, offload: Offload) -> defer.Deferred | None:
+        if self.has_room(offload):
+            return None
+        offload.room = defer.Deferred()
+        return offload.room
+
+    def check_room(self) -> None:
+        """Let a waiting message go on once it has room (a part got durable, the router resumed)."""
+        offload = self.offload
+        if offload is not None and offload.room is not None and self.has_room(offload):
+            room, offload.room = offload.room, None
+            room.callback(None)
+
+    def part_durable(self, offload: Offload) -> None:
+        offload.unacked -= 1
+        if offload.finished:
+            if not offload.unacked:
+                self.ack(offload.chunk)
+        else:
+            self.check_room()
+
+    def offload_done(self, offload: Offload) -> None:
+        self.offload = None
+        offload.finished = True
+        self.note_invalid(offload.invalid, offload.tag)
+        if offload.size is not None:
+            self.check_size(offload.size, offload.entries, offload.tag)
+        if not offload.unacked:
+            self.ack(offload.chunk)  # nothing was stored, or every part is durable already
+        self.release_reading(OFFLOAD_HOLD)
+        # A connection that is finishing takes no more input, as for frames of one read.
+        while self.waiting and self.offload is None and not (self.closing or self.finishing):
+            self.handle(self.waiting.popleft())
+        if self.offload is None:
+            self.offload_idle()
+
+    def offload_failed(self, offload: Offload, failure: Any) -> None:
+        self.offload = None
+        self.waiting.clear()
+        if failure.check(wire.ForwardDecodeError):
+            self.reject(failure.value.reason)  # a no-op if the connection is already closing
+        elif not self.closing:
+            self.log.failure(
+                "fluent_forward {peer}: decoding a message in parts failed; closing the connection",
+                failure,
+                peer=self.peer,
+            )
+            self.closing = True
+            self.cancel_timers()
+            self.transport.abortConnection()
+            self.fire_closed()
+        self.offload_idle()
+
+    def offload_idle(self) -> None:
+        """No offloaded work is left: ``busy`` fires once what it submitted is durable."""
+        busy, self.busy = self.busy, None
+        if busy is None:
+            return
+        others = [d for d in self.pending if d is not busy]
+
+        def fire(_: Any) -> None:
+            self.pending.discard(busy)
+            busy.callback(None)
+
+        defer.DeferredList(others, consumeErrors=True).addCallback(fire)
+
+    def abandon_offload(self) -> None:
+        """Drop the message being worked on (after the part being built) and what waits behind it."""
+        offload, self.offload = self.offload, None
+        if offload is not None and offload.run is not None:
+            offload.run.cancel()
+        self.waiting.clear()
+        self.offload_idle()
+
+    def connectionLost(self, reason: Any = None) -> None:
+        super().connectionLost(reason)
+        self.abandon_offload()
 
 
 class HeartbeatProtocol(protocol.DatagramProtocol):
@@ -162,6 +340,17 @@ class FluentForwardSource(StreamSource):
         "listen": listen_option("tcp:24224"),
         "max_message_bytes": Option(int, 64 << 20, "largest forward message accepted", positive),
         "max_decompressed_bytes": Option(int, 256 << 20, "largest inflated CompressedPackedForward payload", positive),
+        "offload_bytes": Option(
+            int,
+            1 << 20,
+            "a message whose entries pass this size is decoded in worker threads, in parts, while "
+            "its connection waits (0 = decode every message on the reactor thread)",
+            non_negative,
+        ),
+        "offload_part_bytes": Option(
+            int, 8 << 20, "entries per part of an offloaded message; each part is stored as one batch", positive
+        ),
+        "offload_threads": Option(int, 2, "worker threads decoding offloaded messages, for all connections", positive),
         "shared_key": Option(str, "", "shared key of the v1 handshake; set = every connection must pass it"),
         "self_hostname": Option(str, "", "hostname this source answers the handshake with (empty = the host's name)"),
         "users": Option(list, [], "{username, password} tables; non-empty = the handshake also checks a user", check_users),
@@ -188,6 +377,11 @@ class FluentForwardSource(StreamSource):
                     problems.append(f"listen: {e}")
         elif ca_file:
             problems.append("ca_file: only used with verify_client = true; set verify_client = true or remove ca_file")
+        if options["offload_part_bytes"] > MAX_PART_BYTES:
+            problems.append(
+                f"offload_part_bytes: at most {MAX_PART_BYTES} (a part is one spool record), "
+                f"got {options['offload_part_bytes']}"
+            )
         return problems
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -204,7 +398,10 @@ class FluentForwardSource(StreamSource):
         self.auth_failures = 0  # failed handshakes (also counted in decode_errors)
         self.size_mismatches = 0
         self.heartbeats = 0
+        self.offloaded_messages = 0
+        self.offloaded_parts = 0
         self.udp_port: Any = None
+        self.offload_pool = OffloadPool(self.reactor, options.get("offload_threads", 2), f"logrouter-{self.name}-decode")
 
     def endpoint(self) -> Any:
         if self.options.get("verify_client"):
@@ -234,4 +431,10 @@ class FluentForwardSource(StreamSource):
         udp_port, self.udp_port = self.udp_port, None
         if udp_port is not None:
             udp_port.stopListening()
-        return super().stop()
+        d = super().stop()  # waits for offloaded messages too (they are in ``pending``)
+        return d.addBoth(lambda result: self.offload_pool.stop().addCallback(lambda _: result))
+
+    def resume_reading(self) -> None:
+        super().resume_reading()
+        for connection in list(self.connections):
+            connection.check_room()

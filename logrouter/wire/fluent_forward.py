@@ -7,7 +7,20 @@ It owns the bytes a forward client sends and the ack a server answers with:
   tells the carrier modes apart (Message, Forward, PackedForward, CompressedPackedForward,
   ``nil`` heartbeat), inflates gzip/zstd blobs under a size limit, and turns every event
   time into an ``int`` of nanoseconds since the epoch.
+- ``DeferredMessage``: with ``offload_bytes`` set, a message whose entries are bigger than
+  that (a long Forward array, a big PackedForward blob, a blob that inflates beyond it, a
+  long JSON value) is only framed by ``feed``; its ``parts()`` does the inflating and
+  unpacking, in parts of about ``part_bytes`` of entries, wherever the caller can afford
+  it (the source runs it in a worker thread). Framing stays cheap and incremental.
 - Encoders for acks and for the three carrier modes (used by tests and forward clients).
+
+Event times: an event's time in nanoseconds must fit a signed int64 (the lake stores
+int64 ns timestamps: 1677-09-21 to 2262-04-11). A time outside that range (int seconds
+beyond +-9223372036, a float like 1e308, a msgpack Timestamp far out) makes that event
+invalid: counted in ``invalid`` and skipped like a bad record, the rest of the message
+kept and acked. Negative times (before 1970) inside the range are real dates and are
+kept; only 0 is special ("now", as in_forward does). JSON integers that msgpack cannot
+hold (outside int64..uint64), anywhere in a record, are kept as their decimal text.
 
 Wire facts and the quirks of real peers are in ``protocols/fluent-forward.md``; the
 section numbers in comments below refer to it. The handshake (HELO/PING/PONG) is in
@@ -17,9 +30,9 @@ section numbers in comments below refer to it. The handshake (HELO/PING/PONG) is
 from __future__ import annotations
 
 import codecs
+import functools
 import gzip
 import json
-import math
 import re
 import struct
 import time as _time
@@ -38,6 +51,7 @@ except ImportError:  # zstd is optional: fluentd itself calls it experimental (s
     zstandard = None
 
 __all__ = [
+    "DeferredMessage",
     "EventMessage",
     "EventNanos",
     "ForwardDecodeError",
@@ -54,6 +68,13 @@ __all__ = [
 NANOS_PER_SECOND = 1_000_000_000
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_DECOMPRESSED_BYTES = 256 * 1024 * 1024
+DEFAULT_PART_BYTES = 8 * 1024 * 1024
+
+# The int64 nanosecond range, and the whole seconds that stay inside it once scaled.
+MIN_TIME_NS = -(1 << 63)
+MAX_TIME_NS = (1 << 63) - 1
+_MAX_SECONDS = MAX_TIME_NS // NANOS_PER_SECOND  # 9223372036
+_MIN_SECONDS = -_MAX_SECONDS  # -9223372036 s scales to just above MIN_TIME_NS
 
 EVENT_TIME_EXT_CODE = 0
 _EVENT_TIME = struct.Struct(">II")  # u32 seconds, u32 nanoseconds (section 6)
@@ -61,6 +82,11 @@ _EVENT_TIME = struct.Struct(">II")  # u32 seconds, u32 nanoseconds (section 6)
 # One inflate/read step produces at most this much, so a bomb is caught one step after
 # it passes the limit instead of after it has filled memory.
 _DECOMPRESS_STEP_BYTES = 1 << 20
+# Compressed input is handed to zlib this much at a time: its unconsumed_tail is a copy,
+# so handing it a whole big blob would copy the rest of the blob at every step.
+_INFLATE_INPUT_BYTES = 256 << 10
+# msgpack refuses nesting deeper than this (its C unpacker's fixed stack).
+_MSGPACK_MAX_DEPTH = 1024
 
 
 # -- results and errors ------------------------------------------------------------------
@@ -104,6 +130,46 @@ class Heartbeat:
 _HEARTBEAT = Heartbeat()
 
 
+class DeferredMessage:
+    """A framed message whose events cost too much to build inside ``feed``.
+
+    ``parts()`` builds them: ``EventMessage`` objects in order, each with the message's
+    tag, chunk and options and the events of about ``part_bytes`` of its entries, so only
+    one part's events need to exist at a time. It is pure and may run on another thread
+    (one thread at a time). Everything that makes the whole message bad (a compression
+    bomb, corrupt or truncated compressed data, garbage or a cut in the entries) is found
+    by a first pass that builds nothing, and raised as ``ForwardDecodeError`` before any
+    part is yielded; only a fault that shows once values are built (a malformed msgpack
+    Timestamp, an array used as a map key) can stop it after earlier parts. The parts of
+    one message always come out the same, so a resend splits the same way. The first
+    part's ``size_bytes`` is the message's wire size, later parts have 0.
+    """
+
+    __slots__ = ("size_bytes", "_produce")
+
+    def __init__(self, size_bytes: int, produce: Callable[[int], Iterator[EventMessage]]) -> None:
+        self.size_bytes = size_bytes
+        self._produce = produce
+
+    def parts(self, part_bytes: int = DEFAULT_PART_BYTES) -> Iterator[EventMessage]:
+        return self._produce(part_bytes)
+
+    def decode(self) -> EventMessage:
+        """The whole message at once, as ``feed`` returns it without ``offload_bytes``."""
+        events: list[tuple[int, dict[str, Any]]] = []
+        invalid = 0
+        first = None
+        for part in self.parts():
+            first = first or part
+            events += part.events
+            invalid += part.invalid
+        assert first is not None  # every producer yields at least one part
+        return EventMessage(first.tag, events, first.chunk, first.options, invalid, self.size_bytes)
+
+    def __repr__(self) -> str:
+        return f"<DeferredMessage of {self.size_bytes} bytes>"
+
+
 class EventNanos(int):
     """An EventTime already converted to nanoseconds by the unpacker's ext hook.
 
@@ -140,24 +206,57 @@ def _new_unpacker(max_buffer_size: int) -> msgpack.Unpacker:
 _MSGPACK_ERRORS = (ValueError, TypeError, msgpack.UnpackException)
 
 
+def _msgpack_problem(exc: Exception, offset: int, byte_at: Callable[[int], int | None]) -> str:
+    """What was wrong, never empty: msgpack raises FormatError and StackError without a message.
+
+    ``offset`` is where the unpacker stopped (its ``tell()``), ``byte_at`` finds the byte
+    there if it is still at hand.
+    """
+    if isinstance(exc, msgpack.FormatError):
+        byte = byte_at(offset)
+        found = f"byte 0x{byte:02x}" if byte is not None else "byte"
+        return f"FormatError (unexpected {found} at offset {offset})"
+    if isinstance(exc, msgpack.StackError):
+        return f"StackError (nested more than {_MSGPACK_MAX_DEPTH} levels deep)"
+    return str(exc) or type(exc).__name__
+
+
+def _byte_in(data: Any, start: int) -> Callable[[int], int | None]:
+    """A ``byte_at`` for ``_msgpack_problem``: ``data`` holds the stream's bytes from ``start``."""
+
+    def byte_at(offset: int) -> int | None:
+        index = offset - start
+        return data[index] if 0 <= index < len(data) else None
+
+    return byte_at
+
+
 # -- events ------------------------------------------------------------------------------
 
 
 def _time_ns(value: Any) -> int | None:
-    """The slow path for times that are neither int seconds nor EventTime; None if invalid."""
+    """The slow path for times that are not EventTime or in-range int seconds; None if invalid.
+
+    Every time it returns fits int64 nanoseconds (see the module docstring).
+    """
     kind = type(value)
     if kind is int:
-        return value * NANOS_PER_SECOND
+        return value * NANOS_PER_SECOND if _MIN_SECONDS <= value <= _MAX_SECONDS else None
     if kind is EventNanos:
-        return int(value)
+        return int(value)  # u32 seconds and u32 nanoseconds: always in range
     if kind is float:
         # fluentd rejects floats; we accept them as seconds rather than drop the event.
-        return round(value * NANOS_PER_SECOND) if math.isfinite(value) else None
-    if kind is msgpack.Timestamp:  # ext -1 (fluentd's enable_msgpack_time_support)
-        return value.to_unix_nano()
-    if kind is list and value and type(value[0]) is not list:
+        # The bound comes first: round() of an infinite product raises OverflowError.
+        if not -9.3e9 < value < 9.3e9:  # also false for NaN
+            return None
+        time_ns = round(value * NANOS_PER_SECOND)
+    elif kind is msgpack.Timestamp:  # ext -1 (fluentd's enable_msgpack_time_support)
+        time_ns = value.to_unix_nano()
+    elif kind is list and value and type(value[0]) is not list:
         return _time_ns(value[0])  # Fluent Bit's [time, metadata] (section 5)
-    return None
+    else:
+        return None
+    return time_ns if MIN_TIME_NS <= time_ns <= MAX_TIME_NS else None
 
 
 def _str_keyed(record: dict[Any, Any]) -> dict[str, Any]:
@@ -181,6 +280,8 @@ def _collect_events(
     append = events.append
     invalid = 0
     now = None
+    # locals: this loop runs once per event
+    min_seconds, max_seconds, scale = _MIN_SECONDS, _MAX_SECONDS, NANOS_PER_SECOND
     for entry in entries:
         try:
             time, record = entry
@@ -193,8 +294,8 @@ def _collect_events(
         kind = type(time)
         if kind is EventNanos:
             time_ns = time + 0  # a plain int again
-        elif kind is int:
-            time_ns = time * NANOS_PER_SECOND
+        elif kind is int and min_seconds <= time <= max_seconds:
+            time_ns = time * scale
         else:
             time_ns = _time_ns(time)
             if time_ns is None:
@@ -219,39 +320,69 @@ def _too_big(limit: int) -> ForwardDecodeError:
     return ForwardDecodeError(f"decompressed entries exceed max_decompressed_bytes ({limit})")
 
 
-def _gunzip(blob: bytes, limit: int) -> bytes:
-    """Inflate one or more concatenated gzip members, never producing more than limit+1 bytes."""
-    parts: list[bytes] = []
+def _inflated_pieces(blob: bytes, compressed: Any, limit: int) -> Iterator[bytes]:
+    """The entries of a PackedForward blob in pieces of at most 1 MiB, never more than ``limit``.
+
+    An unknown ``compressed`` option is refused here at once; bad compressed data only
+    as the pieces are read.
+    """
+    if compressed is None or compressed == "text":
+        return _slices(blob)
+    if compressed == "gzip":
+        return _gunzip_pieces(blob, limit)
+    if compressed == "zstd":
+        if zstandard is None:
+            raise ForwardDecodeError("compressed 'zstd' needs the zstandard package (not installed)")
+        return _unzstd_pieces(blob, limit)
+    raise ForwardDecodeError(f"unknown compressed option {compressed!r}")
+
+
+def _slices(blob: bytes) -> Iterator[memoryview]:
+    view = memoryview(blob)
+    for start in range(0, len(view), _DECOMPRESS_STEP_BYTES):
+        yield view[start : start + _DECOMPRESS_STEP_BYTES]
+
+
+def _gunzip_pieces(blob: bytes, limit: int) -> Iterator[bytes]:
+    """Inflate one or more concatenated gzip members (compressable.rb concatenates them)."""
+    view = memoryview(blob)
+    position = 0  # of the blob's next byte not yet handed to zlib
+    pending: bytes | memoryview = b""  # handed to the current inflater, not consumed yet
+    inflater = zlib.decompressobj(wbits=31)
+    in_member = False
     total = 0
-    rest = blob
     try:
-        while rest:  # one gzip member per round (compressable.rb concatenates members)
-            inflater = zlib.decompressobj(wbits=31)
-            pending = rest
-            while not inflater.eof:
-                piece = inflater.decompress(pending, min(limit - total + 1, _DECOMPRESS_STEP_BYTES))
-                total += len(piece)
-                if total > limit:
-                    raise _too_big(limit)
-                parts.append(piece)
+        while True:
+            if not pending:
+                if position >= len(view):
+                    break
+                pending = view[position : position + _INFLATE_INPUT_BYTES]
+                position += len(pending)
+            piece = inflater.decompress(pending, min(limit - total + 1, _DECOMPRESS_STEP_BYTES))
+            in_member = True
+            total += len(piece)
+            if total > limit:
+                raise _too_big(limit)
+            if inflater.eof:
+                pending = inflater.unused_data  # the next member starts there
+                inflater = zlib.decompressobj(wbits=31)
+                in_member = False
+            else:
                 pending = inflater.unconsumed_tail
-                if not pending and not piece and not inflater.eof:
-                    raise ForwardDecodeError("bad gzip data: truncated member")
-            rest = inflater.unused_data
+            if piece:
+                yield piece
     except zlib.error as exc:
         raise ForwardDecodeError(f"bad gzip data: {exc}") from exc
-    return b"".join(parts)
+    if in_member:
+        raise ForwardDecodeError("bad gzip data: truncated member")
 
 
-def _unzstd(blob: bytes, limit: int) -> bytes:
-    """Inflate concatenated zstd frames, never producing more than limit+1 bytes.
+def _unzstd_pieces(blob: bytes, limit: int) -> Iterator[bytes]:
+    """Inflate concatenated zstd frames.
 
     zstandard's stream reader does not report a truncated last frame; a cut inside an
     entry is still caught when the entries are unpacked.
     """
-    if zstandard is None:
-        raise ForwardDecodeError("compressed 'zstd' needs the zstandard package (not installed)")
-    parts: list[bytes] = []
     total = 0
     try:
         with zstandard.ZstdDecompressor().stream_reader(blob, read_across_frames=True) as reader:
@@ -262,10 +393,9 @@ def _unzstd(blob: bytes, limit: int) -> bytes:
                 total += len(piece)
                 if total > limit:
                     raise _too_big(limit)
-                parts.append(piece)
+                yield piece
     except zstandard.ZstdError as exc:
         raise ForwardDecodeError(f"bad zstd data: {exc}") from exc
-    return b"".join(parts)
 
 
 def _entries_end_cleanly(unpacker: msgpack.Unpacker) -> bool:
@@ -280,6 +410,32 @@ def _entries_end_cleanly(unpacker: msgpack.Unpacker) -> bool:
         return unpacker.unpack() is None
     except (msgpack.OutOfData, *_MSGPACK_ERRORS):
         return False
+
+
+def _entries_error(exc: Exception, unpacker: msgpack.Unpacker, piece: Any, piece_start: int) -> ForwardDecodeError:
+    problem = _msgpack_problem(exc, unpacker.tell(), _byte_in(piece, piece_start))
+    return ForwardDecodeError(f"PackedForward entries are not valid msgpack: {problem}")
+
+
+def _check_entries(pieces: Iterator[Any], limit: int) -> None:
+    """Read a blob's entries through without building them: every fatal fault of its
+    compression (bomb, corrupt or truncated data) or of its msgpack framing (garbage,
+    too deep, cut inside an entry) surfaces here, before any part is handed out."""
+    unpacker = msgpack.Unpacker(max_buffer_size=limit + _DECOMPRESS_STEP_BYTES + 1)
+    skip = unpacker.skip
+    fed = 0
+    for piece in pieces:
+        unpacker.feed(piece)
+        try:
+            while True:
+                skip()
+        except msgpack.OutOfData:
+            pass
+        except _MSGPACK_ERRORS as exc:
+            raise _entries_error(exc, unpacker, piece, fed) from exc
+        fed += len(piece)
+    if not _entries_end_cleanly(unpacker):
+        raise ForwardDecodeError("PackedForward entries end inside an entry (truncated)")
 
 
 # -- framing -----------------------------------------------------------------------------
@@ -297,6 +453,10 @@ class _MsgpackFramer:
         self._unpacker = _new_unpacker(limit)
         self._fed = 0  # stream offset of the end of everything fed so far
         self._message_start = 0  # stream offset where the current message began
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._fed - self._message_start
 
     def frames(self, data: bytes) -> Iterator[tuple[Any, int]]:
         """Yield ``(object, wire_size)`` for each message completed by ``data``."""
@@ -316,9 +476,9 @@ class _MsgpackFramer:
                 piece, data = view[:room], view[room:]
             unpacker.feed(piece)
             self._fed += len(piece)
-            yield from self._drain()
+            yield from self._drain(piece)
 
-    def _drain(self) -> Iterator[tuple[Any, int]]:
+    def _drain(self, piece: Any) -> Iterator[tuple[Any, int]]:
         unpacker = self._unpacker
         while True:
             try:
@@ -334,7 +494,10 @@ class _MsgpackFramer:
                 # max_buffer_size) is an over-size message, reported as such.
                 if "exceeds max_" in str(exc):
                     raise _oversize(self._limit, f": {exc}") from exc
-                raise ForwardDecodeError(f"invalid msgpack: {exc}") from exc
+                # The parser stops at a bad byte as soon as it arrives, so it is in this piece.
+                byte_at = _byte_in(piece, self._fed - len(piece))
+                problem = _msgpack_problem(exc, unpacker.tell(), byte_at)
+                raise ForwardDecodeError(f"invalid msgpack: {problem}") from exc
             end = unpacker.tell()
             size = end - self._message_start
             self._message_start = end
@@ -349,23 +512,28 @@ _JSON_QUOTE_OR_BACKSLASH = re.compile(r'["\\]')
 
 
 class _JsonFramer:
-    """Splits a stream of JSON arrays/objects into values (in_forward's JSON mode).
+    """Splits a stream of JSON arrays/objects into the text of each value (in_forward's JSON mode).
 
     json.JSONDecoder cannot tell a truncated value from a broken one, so a small scanner
     finds where each top-level value ends (bracket depth outside strings) and only whole
-    values are parsed: a parse error is then always garbage. Limits count characters.
+    values are parsed (by ``_parse_json``): a parse error is then always garbage. Limits
+    count characters.
     """
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
         self._text = codecs.getincrementaldecoder("utf-8")("surrogateescape")
-        self._parser = json.JSONDecoder()
         self._pieces: list[str] = []  # text received so far of the value in progress
         self._pending_chars = 0
         self._in_value = False
         self._depth = 0
         self._in_string = False
         self._skip_next_char = False  # the previous piece ended in a backslash in a string
+
+    @property
+    def pending_bytes(self) -> int:
+        # characters of the value so far, plus the bytes of a character cut in two
+        return self._pending_chars + len(self._text.getstate()[0])
 
     def frames(self, data: bytes) -> Iterator[tuple[Any, int]]:
         text = self._text.decode(data)
@@ -386,7 +554,7 @@ class _JsonFramer:
             value_text = "".join(self._pieces)
             self._pieces.clear()
             self._pending_chars = 0
-            yield self._parse(value_text), len(value_text)
+            yield value_text, len(value_text)
             pos = end
 
     def _keep(self, piece: str) -> None:
@@ -432,11 +600,33 @@ class _JsonFramer:
         self._depth, self._in_string = depth, in_string
         return len(text)
 
-    def _parse(self, value_text: str) -> Any:
-        try:
-            return self._parser.decode(value_text)
-        except json.JSONDecodeError as exc:
-            raise ForwardDecodeError(f"invalid JSON: {exc}") from exc
+
+
+_INT64_MIN = -(1 << 63)
+_UINT64_MAX = (1 << 64) - 1
+
+
+def _json_int(text: str) -> int | str:
+    # The spool stores records as msgpack, which holds int64..uint64 only; a longer
+    # integer is kept as its digits rather than failing the whole batch later.
+    if len(text) < 19:
+        return int(text)
+    if len(text) > 21:
+        return text  # also spares int() its 4300-digit refusal
+    value = int(text)
+    return value if _INT64_MIN <= value <= _UINT64_MAX else text
+
+
+_JSON_PARSER = json.JSONDecoder(parse_int=_json_int)
+
+
+def _parse_json(value_text: str) -> Any:
+    try:
+        return _JSON_PARSER.decode(value_text)
+    except ValueError as exc:  # JSONDecodeError and its kin
+        raise ForwardDecodeError(f"invalid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise ForwardDecodeError("invalid JSON: nested too deep") from exc
 
 
 # -- the decoder -------------------------------------------------------------------------
@@ -471,6 +661,85 @@ def _chunk_of(options: dict[str, Any]) -> bytes | None:
     raise ForwardDecodeError(f"chunk option is not a string (got {type(chunk).__name__})")
 
 
+def _packed_events(blob: bytes, now_ns: Callable[[], int]) -> tuple[list[tuple[int, dict[str, Any]]], int]:
+    """The events of a whole (inflated) PackedForward blob, decoded at once."""
+    # A second unpacker over the blob: entries are decoded straight into the loop.
+    unpacker = _new_unpacker(len(blob) + 1)  # +1: room for the end-of-entries probe
+    unpacker.feed(blob)
+    try:
+        collected = _collect_events(unpacker, now_ns)
+    except _MSGPACK_ERRORS as exc:
+        raise _entries_error(exc, unpacker, blob, 0) from exc
+    if not _entries_end_cleanly(unpacker):
+        raise ForwardDecodeError("PackedForward entries end inside an entry (truncated)")
+    return collected
+
+
+def _list_parts(
+    tag: str,
+    entries: list[Any],
+    chunk: bytes | None,
+    options: dict[str, Any],
+    size_bytes: int,
+    now_ns: Callable[[], int],
+    part_bytes: int,
+) -> Iterator[EventMessage]:
+    """Parts of a Forward-mode entry array (already unpacked while it was framed)."""
+    count = len(entries)
+    # Parsed entries no longer know their wire size: each part takes an even share.
+    per_part = max(1, part_bytes * count // max(size_bytes, 1))
+    for start in range(0, max(count, 1), per_part):
+        events, invalid = _collect_events(entries[start : start + per_part], now_ns)
+        yield EventMessage(tag, events, chunk, options, invalid, size_bytes if start == 0 else 0)
+
+
+def _blob_parts(
+    tag: str,
+    blob: str | bytes,
+    compressed: Any,
+    chunk: bytes | None,
+    options: dict[str, Any],
+    size_bytes: int,
+    max_decompressed: int,
+    now_ns: Callable[[], int],
+    part_bytes: int,
+) -> Iterator[EventMessage]:
+    """Parts of a (Compressed)PackedForward blob, inflated and unpacked as they go.
+
+    Inflating twice (once to check, once to build) costs far less than building the
+    events: zlib runs without the GIL, and it keeps a bad message from yielding parts.
+    """
+    if type(blob) is str:
+        blob = blob.encode("utf-8", "surrogateescape")  # str32 from out_forward
+    limit = len(blob) if compressed is None or compressed == "text" else max_decompressed
+    _check_entries(_inflated_pieces(blob, compressed, limit), limit)
+    unpacker = _new_unpacker(limit + _DECOMPRESS_STEP_BYTES + 1)
+    events: list[tuple[int, dict[str, Any]]] = []
+    invalid = 0
+    fed = 0
+    part_start = 0
+    first = True
+    step = min(part_bytes, _DECOMPRESS_STEP_BYTES)  # parts end on a step: no per-entry check
+    for inflated in _inflated_pieces(blob, compressed, limit):
+        view = memoryview(inflated)
+        for start in range(0, len(view), step):
+            piece = view[start : start + step]
+            unpacker.feed(piece)
+            try:
+                got, bad = _collect_events(unpacker, now_ns)
+            except _MSGPACK_ERRORS as exc:
+                raise _entries_error(exc, unpacker, piece, fed) from exc
+            fed += len(piece)
+            events += got
+            invalid += bad
+            if unpacker.tell() - part_start >= part_bytes:
+                part_start = unpacker.tell()
+                yield EventMessage(tag, events, chunk, options, invalid, size_bytes if first else 0)
+                events, invalid, first = [], 0, False
+    if first or events or invalid:
+        yield EventMessage(tag, events, chunk, options, invalid, size_bytes if first else 0)
+
+
 class ForwardDecoder:
     """Incremental decoder for one forward connection (client -> server direction).
 
@@ -479,6 +748,11 @@ class ForwardDecoder:
     ``ForwardDecodeError``; after a fatal one the decoder refuses further input.
     With ``allow_json=False`` the stream is msgpack whatever its first byte (a session
     that began with the msgpack handshake stays msgpack, as in_forward's does).
+
+    With ``offload_bytes`` set, a message whose entries pass that size comes out as a
+    ``DeferredMessage`` instead, so that ``feed`` does a bounded amount of work per call:
+    a Forward or JSON message longer than it, a PackedForward blob longer than it, or a
+    compressed blob that inflates beyond it (found out by inflating at most that much).
     """
 
     def __init__(
@@ -487,26 +761,34 @@ class ForwardDecoder:
         max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
         now_ns: Callable[[], int] = _time.time_ns,
         allow_json: bool = True,
+        offload_bytes: int | None = None,
     ) -> None:
         self.max_message_bytes = max_message_bytes
         self.max_decompressed_bytes = max_decompressed_bytes
         self.allow_json = allow_json
+        self.offload_bytes = offload_bytes
         self.json_mode = False  # decided by the connection's first byte
         self._now_ns = now_ns
         self._framer: _MsgpackFramer | _JsonFramer | None = None
         self._failure: ForwardDecodeError | None = None
 
-    def feed(self, data: bytes) -> list[EventMessage | Heartbeat]:
+    @property
+    def pending_bytes(self) -> int:
+        """What was received of a message not yet complete (JSON: characters); 0 between messages."""
+        return 0 if self._framer is None else self._framer.pending_bytes
+
+    def feed(self, data: bytes) -> list[EventMessage | Heartbeat | DeferredMessage]:
         if self._failure is not None:
             raise ForwardDecodeError(f"decoder already failed: {self._failure.reason}")
         if self._framer is None:
             if not data:
                 return []
             self._framer = self._choose_framer(data)
-        messages: list[EventMessage | Heartbeat] = []
+        messages: list[EventMessage | Heartbeat | DeferredMessage] = []
+        interpret = self._json_frame if self.json_mode else self._frame
         try:
             for obj, size in self._framer.frames(data):
-                messages.append(self._interpret(obj, size))
+                messages.append(interpret(obj, size))
         except ForwardDecodeError as error:
             if error.fatal:
                 self._failure = error
@@ -521,7 +803,21 @@ class ForwardDecoder:
             return _JsonFramer(self.max_message_bytes)
         return _MsgpackFramer(self.max_message_bytes)
 
-    def _interpret(self, message: Any, size: int) -> EventMessage | Heartbeat:
+    def _json_frame(self, text: str, size: int) -> EventMessage | Heartbeat | DeferredMessage:
+        if self.offload_bytes is not None and size > self.offload_bytes:
+            return DeferredMessage(size, lambda part_bytes: self._json_parts(text, size, part_bytes))
+        return self._frame(_parse_json(text), size)
+
+    def _json_parts(self, text: str, size: int, part_bytes: int) -> Iterator[EventMessage]:
+        frame = self._frame(_parse_json(text), size)  # a long entry array defers again
+        if type(frame) is DeferredMessage:
+            yield from frame.parts(part_bytes)
+        elif type(frame) is EventMessage:
+            yield frame
+        else:  # cannot happen: JSON has no top-level nil, the framer wants [ or {
+            raise ForwardDecodeError("invalid JSON: a heartbeat")
+
+    def _frame(self, message: Any, size: int) -> EventMessage | Heartbeat | DeferredMessage:
         """Tell the carrier mode from element 2's type (section 5) and collect the events."""
         if message is None:
             return _HEARTBEAT
@@ -540,38 +836,42 @@ class ForwardDecoder:
         options = _options_of(message[options_index] if length > options_index else None)
         chunk = _chunk_of(options)
         if carrier_kind is list:
+            if self.offload_bytes is not None and size > self.offload_bytes:
+                return DeferredMessage(
+                    size, functools.partial(_list_parts, tag, carrier, chunk, options, size, self._now_ns)
+                )
             events, invalid = _collect_events(carrier, self._now_ns)
         elif options_index == 2:
-            events, invalid = self._packed_events(carrier, options.get("compressed"))
+            return self._packed(tag, carrier, chunk, options, size)
         else:
             events, invalid = _collect_events(((carrier, message[2]),), self._now_ns)
         return EventMessage(tag, events, chunk, options, invalid, size)
 
-    def _packed_events(
-        self, blob: str | bytes, compressed: Any
-    ) -> tuple[list[tuple[int, dict[str, Any]]], int]:
+    def _packed(
+        self, tag: str, blob: str | bytes, chunk: bytes | None, options: dict[str, Any], size: int
+    ) -> EventMessage | DeferredMessage:
+        compressed = options.get("compressed")
+        limit = self.max_decompressed_bytes
+        offload = self.offload_bytes
+        deferred = DeferredMessage(
+            size, functools.partial(_blob_parts, tag, blob, compressed, chunk, options, size, limit, self._now_ns)
+        )
+        if offload is not None and len(blob) > offload:
+            _inflated_pieces(b"", compressed, limit)  # an unknown compression is refused now
+            return deferred  # even the str32 -> bytes copy is left to the parts
         if type(blob) is str:
             blob = blob.encode("utf-8", "surrogateescape")  # str32 from out_forward
-        blob = self._inflate(blob, compressed)
-        # A second unpacker over the blob: entries are decoded straight into the loop.
-        unpacker = _new_unpacker(len(blob) + 1)  # +1: room for the end-of-entries probe
-        unpacker.feed(blob)
-        try:
-            collected = _collect_events(unpacker, self._now_ns)
-        except _MSGPACK_ERRORS as exc:
-            raise ForwardDecodeError(f"PackedForward entries are not valid msgpack: {exc}") from exc
-        if not _entries_end_cleanly(unpacker):
-            raise ForwardDecodeError("PackedForward entries end inside an entry (truncated)")
-        return collected
-
-    def _inflate(self, blob: bytes, compressed: Any) -> bytes:
-        if compressed is None or compressed == "text":
-            return blob
-        if compressed == "gzip":
-            return _gunzip(blob, self.max_decompressed_bytes)
-        if compressed == "zstd":
-            return _unzstd(blob, self.max_decompressed_bytes)
-        raise ForwardDecodeError(f"unknown compressed option {compressed!r}")
+        if compressed is not None and compressed != "text":
+            inflated = []
+            total = 0
+            for piece in _inflated_pieces(blob, compressed, limit):
+                total += len(piece)
+                if offload is not None and total > offload:
+                    return deferred  # too big to finish here: the parts start over from the blob
+                inflated.append(piece)
+            blob = b"".join(inflated)
+        events, invalid = _packed_events(blob, self._now_ns)
+        return EventMessage(tag, events, chunk, options, invalid, size)
 
 
 # -- encoders ----------------------------------------------------------------------------
