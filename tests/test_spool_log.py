@@ -190,3 +190,123 @@ def test_an_os_record_in_an_fsync_spool_is_not_fsynced_alone(reactor, tmp_path):
     run(reactor, spool.append(b"default"))
     assert spool.fsyncs == 1
     run(reactor, spool.close())
+
+
+# -- damage to older segments and failed writes (issue 9) ------------------------------
+
+
+def read_with_deadline(spool, position, limit, seconds=10.0):
+    """``spool.read`` in a thread: a read that never returns fails the test instead of hanging it."""
+    import threading
+
+    result: list = []
+    thread = threading.Thread(target=lambda: result.append(spool.read(position, limit, 1 << 30)), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert result, "SpoolLog.read did not return"
+    return result[0]
+
+
+@pytest.mark.parametrize("cut", [1, HEADER_SIZE // 2, HEADER_SIZE + 40, 200])
+def test_an_older_segment_cut_inside_a_frame_is_read_up_to_the_cut(reactor, tmp_path, cut):
+    payloads = [bytes([i]) * 84 for i in range(30)]  # 100-byte frames, 10 per segment
+    fill(reactor, tmp_path, payloads, segment_bytes=1000)
+    first = tmp_path / f"{0:020d}.seg"
+    with open(first, "r+b") as f:
+        f.truncate(1000 - cut)
+    spool = SpoolLog(reactor, str(tmp_path), segment_bytes=1000)
+    spool.open()
+    records, position = read_with_deadline(spool, 0, spool.end)
+    assert position == spool.end == 3000
+    whole = (1000 - cut) // 100  # records of the first segment still whole
+    assert [r.payload for r in records] == payloads[:whole] + payloads[10:]
+    assert spool.missing_ranges == 1
+    run(reactor, spool.close())
+
+
+def test_a_partial_frame_followed_by_empty_segments_never_stops_a_reader(reactor, tmp_path):
+    # What a kill -9 on a full disk could leave: a frame cut short, then empty segments.
+    good = frame(b"a" * 84)
+    (tmp_path / f"{0:020d}.seg").write_bytes(good * 3 + frame(b"b" * 84)[:37])
+    for base in (400, 500, 600):
+        (tmp_path / f"{base:020d}.seg").write_bytes(b"")
+    spool = SpoolLog(reactor, str(tmp_path), segment_bytes=100)
+    spool.open()
+    assert spool.end == 600
+    records, position = read_with_deadline(spool, 0, spool.end)
+    assert [r.payload for r in records] == [b"a" * 84] * 3 and position == 600
+    assert run(reactor, spool.append(b"after")) == (600, 600 + HEADER_SIZE + 5)
+    records, _ = read_with_deadline(spool, 0, spool.written_end)
+    assert [r.payload for r in records][-1] == b"after"
+    run(reactor, spool.close())
+
+
+class FailingWrites:
+    """Makes the spool's writes fail like a full disk: part of the data lands, then ENOSPC."""
+
+    def __init__(self, spool, failures: int, keep: int = 7) -> None:
+        self.failures = failures
+        self.keep = keep
+        self.real = spool._write_all
+        spool._write_all = self
+
+    def __call__(self, data) -> None:
+        if self.failures > 0:
+            self.failures -= 1
+            self.real(bytes(data)[: self.keep])
+            import errno
+
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.real(data)
+
+
+def test_a_failed_write_fails_its_appends_and_leaves_no_trace(reactor, tmp_path):
+    from logrouter.spool.log import SpoolWriteError
+
+    spool = SpoolLog(reactor, str(tmp_path))
+    spool.open()
+    assert run(reactor, spool.append(b"first")) == (0, HEADER_SIZE + 5)
+    failing = FailingWrites(spool, failures=10)
+    d = defer.DeferredList([spool.append(b"lost %d" % i) for i in range(5)], consumeErrors=True)
+    outcomes = run(reactor, d)
+    assert all(not ok and f.check(SpoolWriteError) for ok, f in outcomes)
+    assert spool.write_errors == 5 and spool.pending_bytes == 0 and spool.end == spool.written_end
+    assert (tmp_path / f"{0:020d}.seg").stat().st_size == HEADER_SIZE + 5  # cut back
+    # The disk has room again: the next record goes exactly where a reader expects it.
+    failing.failures = 0
+    assert run(reactor, spool.append(b"second")) == (HEADER_SIZE + 5, 2 * HEADER_SIZE + 11)
+    run(reactor, spool.close())
+    assert read_all(reactor, tmp_path)[0] == [b"first", b"second"]
+
+
+def test_a_write_failing_after_a_segment_roll_keeps_the_records_before_it(reactor, tmp_path):
+    import errno
+
+    from logrouter.spool.log import _Append
+
+    spool = SpoolLog(reactor, str(tmp_path), segment_bytes=200)
+    spool.open()
+    real = spool._write_all
+    calls = []
+
+    def fail_second_write(data):
+        calls.append(len(data))
+        if len(calls) == 2:
+            real(bytes(data)[:5])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(data)
+
+    # One run (called as the worker thread would): records 0-1 fill the first segment,
+    # which is written and fsync'd before the roll; the write after the roll fails.
+    spool._write_all = fail_second_write
+    items = [_Append(frame(bytes([i]) * 84), True) for i in range(4)]
+    assert spool._write(items) == [200]
+    assert [(item.position, item.error is None) for item in items] == [(0, True), (100, True), (-1, False), (-1, False)]
+    assert (tmp_path / f"{200:020d}.seg").stat().st_size == 0  # the partial write was cut back
+    spool._write_all = real
+    spool._bases.append(200)
+    spool.written_end = 200
+    assert run(reactor, spool.append(b"z" * 84)) == (200, 300)
+    run(reactor, spool.close())
+    payloads, again = read_all(reactor, tmp_path)
+    assert payloads == [bytes([0]) * 84, bytes([1]) * 84, b"z" * 84]

@@ -3,9 +3,14 @@
 A record's position is its global byte offset; a segment file is named after the
 position of its first byte (``00000000000000000000.seg``), so a position alone says
 which file holds it, and a segment ends where the next one begins. Frames are laid out
-in ``segment.py``. Appends are given positions on the reactor thread and written,
-flushed and fsync'd by one worker thread: every record appended while the previous fsync
-ran is covered by the next one (group commit).
+in ``segment.py``. Appends are queued on the reactor thread; one worker thread gives
+them their positions as it writes, flushes and fsyncs them: every record appended while
+the previous fsync ran is covered by the next one (group commit).
+
+A write that fails (a full disk, an I/O error) fails only the appends it had not
+finished: the file is cut back to the end of the last good record, so the next record
+starts exactly where a reader expects it and positions always match file offsets. The
+spool needs no restart once space is back.
 
 Durability modes: ``fsync`` fires an append's Deferred after the record is fsync'd;
 ``os`` after it was written to the OS (safe against a process crash, not a power loss);
@@ -14,13 +19,16 @@ lose what was acknowledged and not yet written.
 
 Damage never stops startup: a torn tail (a frame cut off by a crash) is moved aside
 and cut off at ``open``; a damaged record in the middle is found by the reader, copied
-to ``quarantine/`` with a loud log line and counted, and reading goes on after it.
+to ``quarantine/`` with a loud log line and counted, and reading goes on after it. A
+segment shorter than the position of the next one (cut by a crash on a full disk, or
+truncated by hand) is read up to its end and the missing range is logged and skipped.
 """
 
 from __future__ import annotations
 
 import bisect
 import os
+from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from twisted.internet import defer
@@ -35,6 +43,21 @@ QUARANTINE_DIR = "quarantine"
 def list_segments(path: str) -> list[int]:
     bases = [parse_segment_name(name) for name in os.listdir(path)]
     return sorted(b for b in bases if b is not None)
+
+
+@dataclass(slots=True, eq=False)
+class _Append:
+    """One queued record; the worker fills in where it landed, or why it did not."""
+
+    data: bytes
+    sync: bool
+    position: int = -1
+    end: int = -1
+    error: BaseException | None = None
+
+
+class SpoolWriteError(OSError):
+    """An append the spool could not write; nothing of it is on disk."""
 
 
 def fsync_dir(path: str) -> None:
@@ -56,16 +79,28 @@ class SpoolLog:
         self.durability = durability
         self.segment_bytes = segment_bytes
         self.start = 0  # position of the oldest byte still on disk
-        self.end = 0  # position after the last appended record
         self.written_end = 0  # position after the last record the worker has written
+        self.queued_bytes = 0  # frames appended and not yet written (or failed)
         self.fsyncs = 0
+        self.write_errors = 0  # appends that failed (each one was reported to its caller)
+        self.missing_ranges = 0  # segment ranges found shorter than their successor's start
         self.torn_tails = 0
         self.quarantined = 0
         self._quarantined_at: set[int] = set()
         self._bases: list[int] = []  # segment bases, oldest first (reactor thread's view)
+        # The worker thread's own view: where the next frame goes, and segments it opened
+        # that the reactor thread has not been told about yet.
         self._segment_base = 0
-        self._file: BinaryIO | None = None
+        self._file_end = 0
+        self._opened: list[int] = []
+        self._dir_synced = True
+        self._file: Any = None
         self._worker = SerialWorker(reactor, self._write, "logrouter-spool")
+
+    @property
+    def end(self) -> int:
+        """Where the appends queued so far will end (the written end when none is queued)."""
+        return self.written_end + self.queued_bytes
 
     @property
     def quarantine_path(self) -> str:
@@ -96,28 +131,35 @@ class SpoolLog:
                 os.fsync(f.fileno())
         self._segment_base = base
         self.start = self._bases[0]
-        self.end = self.written_end = base + valid_end
-        self._file = open(name, "ab")
+        self.written_end = self._file_end = base + valid_end
+        self._file = open(name, "ab", buffering=0)
 
     # -- appending (reactor thread) ---------------------------------------------------
 
     def append(self, payload: bytes, durability: str | None = None) -> defer.Deferred:
         """Queue ``payload``; the Deferred fires with ``(position, end)`` once written as
-        ``durability`` (default: the spool's own mode) asks: fsync'd for ``fsync``."""
-        position = self.end
-        data = frame(payload)
-        self.end += len(data)
-        end = self.end
-        d = self._worker.submit((position, data, (durability or self.durability) == "fsync"))
-        d.addCallback(self._written, position, end)
+        ``durability`` (default: the spool's own mode) asks: fsync'd for ``fsync``.
+
+        It fails with ``SpoolWriteError`` when the disk refused the record; nothing of
+        it is then in the spool.
+        """
+        item = _Append(frame(payload), (durability or self.durability) == "fsync")
+        self.queued_bytes += len(item.data)
+        d = self._worker.submit(item)
+        d.addCallback(self._written, item)
         return d
 
-    def _written(self, new_bases: list[int], position: int, end: int) -> tuple[int, int]:
-        if new_bases:
-            self._bases.extend(b for b in new_bases if not self._bases or b > self._bases[-1])
-        if end > self.written_end:
-            self.written_end = end
-        return position, end
+    def _written(self, opened: list[int], item: _Append) -> tuple[int, int]:
+        self.queued_bytes -= len(item.data)
+        for base in opened:
+            if not self._bases or base > self._bases[-1]:
+                self._bases.append(base)
+        if item.error is not None:
+            self.write_errors += 1
+            raise SpoolWriteError(f"spool write failed: {item.error}") from item.error
+        if item.end > self.written_end:
+            self.written_end = item.end
+        return item.position, item.end
 
     def close(self) -> defer.Deferred:
         d = self._worker.stop()
@@ -126,7 +168,7 @@ class SpoolLog:
 
     @property
     def pending_bytes(self) -> int:
-        return self.end - self.written_end
+        return self.queued_bytes
 
     # -- reading (any thread) ----------------------------------------------------------
 
@@ -155,9 +197,28 @@ class SpoolLog:
                             records.append(Record(base + item.offset, base + item.end, item.payload))
                             total += len(item.payload)
                         position = base + item.end
+                if position < stop and total < max_bytes:
+                    # Not stopped by the byte budget, so the file ends before ``stop``: a
+                    # segment cut short. What is not there cannot be read; go on after it.
+                    self._missing(base, position, stop)
+                    position = stop
             if position >= stop:
                 position = stop  # the rest of this segment is done (or was damage)
         return records, position
+
+    def _missing(self, base: int, position: int, stop: int) -> None:
+        if position in self._quarantined_at:
+            return
+        self._quarantined_at.add(position)
+        self.missing_ranges += 1
+        self.log.error(
+            "spool: segment {name} ends at position {position}, before the next segment starts at "
+            "{stop}: {size} bytes are missing (the file was cut short); reading goes on after them",
+            name=segment_name(base),
+            position=position,
+            stop=stop,
+            size=stop - position,
+        )
 
     def _quarantine(self, f: BinaryIO, base: int, damage: Damage) -> None:
         at = base + damage.offset
@@ -214,38 +275,88 @@ class SpoolLog:
 
     # -- worker thread -----------------------------------------------------------------
 
-    def _write(self, frames: list[tuple[int, bytes, bool]]) -> list[int]:
-        chunk: list[bytes] = []
-        new_bases = []
-        for position, data, _ in frames:
-            if position >= self._segment_base + self.segment_bytes and position > self._segment_base:
-                self._flush(chunk)
-                chunk = []
-                self._sync()
-                self._file.close()
-                self._open_segment(position)
-                new_bases.append(position)
-            chunk.append(data)
-        self._flush(chunk)
-        # One fsync covers the whole run as soon as one record in it needs it (an `os`
-        # record then waits for it too: never acked earlier than asked, only later).
-        if any(sync for _, _, sync in frames):
-            self._sync()
-        return new_bases
+    def _write(self, items: list[_Append]) -> list[int]:
+        """Write and sync a run of appends; each one learns its position or its error.
 
-    def _flush(self, chunk: list[bytes]) -> None:
-        if chunk:
-            self._file.write(b"".join(chunk))
-            self._file.flush()
+        Items are *confirmed* once written (and fsync'd, where any item of the run asks
+        for it). On a failure the unconfirmed ones fail and the file is cut back to where
+        the first of them began, so the log never holds a partial or unreported record.
+        """
+        confirmed = 0
+        try:
+            if self._file_end != self._segment_base + self._file_size():
+                self._cut_back()  # an earlier failed write that could not be cut back then
+            needs_sync = any(item.sync for item in items)
+            chunk: list[bytes] = []
+            for i, item in enumerate(items):
+                if self._file_end >= self._segment_base + self.segment_bytes and self._file_end > self._segment_base:
+                    self._write_all(b"".join(chunk))
+                    chunk = []
+                    self._sync()
+                    confirmed = i
+                    self._roll(self._file_end)
+                item.position = self._file_end
+                self._file_end += len(item.data)
+                item.end = self._file_end
+                chunk.append(item.data)
+            self._write_all(b"".join(chunk))
+            if needs_sync:
+                self._sync()
+            confirmed = len(items)
+        except Exception as e:  # noqa: BLE001 - any failure must fail the appends, not the thread
+            failed = items[confirmed:]
+            if failed and failed[0].position >= 0:
+                self._file_end = failed[0].position
+            for item in failed:
+                item.error = e
+                item.position = item.end = -1
+            try:
+                self._cut_back()
+            except OSError:
+                pass  # tried again before the next write
+        opened, self._opened = self._opened, []
+        return opened
+
+    def _write_all(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            written = self._file.write(view)
+            view = view[written:]
+
+    def _file_size(self) -> int:
+        return os.fstat(self._file.fileno()).st_size
+
+    def _cut_back(self) -> None:
+        """Cut the segment being written back to the end of its last good record."""
+        size = self._file_end - self._segment_base
+        if self._file_size() != size:
+            os.ftruncate(self._file.fileno(), size)
 
     def _sync(self) -> None:
         os.fsync(self._file.fileno())
+        self._sync_dir()
         self.fsyncs += 1
 
-    def _open_segment(self, base: int) -> None:
+    def _roll(self, base: int) -> None:
+        """Start a new segment at ``base`` (if it cannot be created, the current one goes on)."""
+        new = open(os.path.join(self.path, segment_name(base)), "ab", buffering=0)
+        self._file.close()
+        self._file = new
         self._segment_base = base
-        self._file = open(os.path.join(self.path, segment_name(base)), "ab")
-        # The new file's name must survive a crash too, or its records would be lost.
+        self._opened.append(base)
+        self._dir_synced = False
+        self._sync_dir()
+
+    def _sync_dir(self) -> None:
+        # The new file's name must survive a crash too, or its records would be lost; a
+        # failed directory fsync is retried with the next record's fsync.
+        if not self._dir_synced:
+            fsync_dir(self.path)
+            self._dir_synced = True
+
+    def _open_segment(self, base: int) -> None:
+        self._segment_base = self._file_end = base
+        self._file = open(os.path.join(self.path, segment_name(base)), "ab", buffering=0)
         fsync_dir(self.path)
 
     def _close_file(self) -> None:
