@@ -312,3 +312,23 @@ def test_decode_helo_variants():
 
 def test_pong_encoding():
     assert unpack(encode_pong(False, "shared_key mismatch", "", "")) == ["PONG", False, "shared_key mismatch", "", ""]
+
+
+def test_deeply_nested_messages_are_refused_not_crashed_on():
+    # msgpack nests 1000 deep; repr() of that raised RecursionError in the error message.
+    deep = msgpack.unpackb(b"\x91" * 1000 + b"\xc0")
+    with pytest.raises(HandshakeError, match="invalid HELO message"):
+        decode_helo(deep)
+    helo = decode_helo(unpack(F4))
+    with pytest.raises(HandshakeError, match="invalid PONG message"):
+        check_pong(deep, helo, SALT, "client.example", "secret")
+    result = server().feed(b"\x91" * 1000 + b"\xc0")
+    assert not result.ok and result.reason == INVALID_PING
+
+
+def test_server_handshake_pending_bytes():
+    handshake = server()
+    ping = f4_ping()
+    assert handshake.feed(ping[:7]) is None and handshake.pending_bytes == 7
+    result = handshake.feed(ping[7:] + b"\x93")
+    assert result.ok and result.rest == b"\x93" and handshake.pending_bytes == 0

@@ -214,3 +214,37 @@ def test_client_handshake_refuses_a_pong_or_garbage_first():
         ClientHandshake("c", "k").receive(msgpack.unpackb(encode_pong(True, "", "s", "d"), raw=False))
     with pytest.raises(HandshakeError, match="invalid HELO"):
         ClientHandshake("c", "k").receive({"ack": "x"})
+
+
+def test_reply_reader_hands_over_replies_before_bad_bytes():
+    stream = encode_ack(b"one") + encode_ack(b"two") + b"\xc1"
+    with pytest.raises(wire.ReplyError, match="undecodable reply") as info:
+        wire.ReplyReader().feed(stream)
+    assert [wire.ack_of(m) for m in info.value.messages] == [b"one", b"two"]
+    with pytest.raises(wire.ReplyError, match="reader already failed"):
+        reader = wire.ReplyReader()
+        with pytest.raises(wire.ReplyError):
+            reader.feed(b"\xc1")
+        reader.feed(encode_ack(b"x"))
+
+
+def test_reply_reader_bound_is_per_reply_however_the_bytes_are_split():
+    # A 100 KB reply after a 60 KB one, under a 128 KiB bound: fed whole, the old fixed
+    # 64 KiB steps put most of the long reply and a whole step in the buffer and refused it.
+    replies = ["a" * 60_000, "b" * 100_000, "c" * 40_000]
+    stream = b"".join(msgpack.packb(r) for r in replies)
+    for pieces in ([stream], [stream[i : i + 4096] for i in range(0, len(stream), 4096)]):
+        reader = wire.ReplyReader(max_bytes=128 << 10)
+        assert [m for p in pieces for m in reader.feed(p)] == replies
+        assert reader.pending_bytes == 0
+    reader = wire.ReplyReader(max_bytes=1000)
+    assert reader.feed(msgpack.packb("c" * 995)) == ["c" * 995]  # 998 bytes: fits
+    with pytest.raises(wire.ReplyError, match="reply longer than 1000 bytes"):
+        reader.feed(msgpack.packb("d" * 998)[:600] + msgpack.packb("d" * 998)[600:])
+
+
+def test_reply_reader_pending_bytes():
+    reply = encode_ack(b"abc")
+    reader = wire.ReplyReader()
+    assert reader.feed(reply + reply[:3]) == [{"ack": "abc"}] and reader.pending_bytes == 3
+    assert reader.feed(reply[3:]) == [{"ack": "abc"}] and reader.pending_bytes == 0

@@ -4,6 +4,7 @@ to the byte and to the tick."""
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 import pytest
@@ -327,11 +328,54 @@ def test_graceful_stop_lets_stored_windows_get_their_acks():
     conn.send(window(docs(2)))
     stopped: list = []
     source.stop().addCallback(stopped.append)
+    conn.send(window(docs(1, 2)))  # sent before the stop reached the client: still read and stored
+    clock.advance(source.options["stop_quiet_secs"])  # quiet: reading stops, the acks are awaited
     assert not stopped and conn.transport.producerState == "paused"
-    router.fire(0)
+    router.fire_all()
     assert stopped == [None]
-    assert conn.acks() == [(2, 2)]
+    assert conn.acks() == [(2, 2), (2, 1)]
     assert conn.transport.disconnecting
+
+
+def test_frames_before_bad_input_are_stored_and_acked_before_the_close(log_lines):
+    # The read that brought the bad frame also brought good ones: the decoder hands them
+    # over with its error, and they are stored and acknowledged before the close, so
+    # Beats does not send them again.
+    source, router, clock = make_source()
+    conn = Conn(source)
+    frames = [lj.encode_json(i + 1, d) for i, d in enumerate(docs(3))]
+    conn.send(lj.encode_window(3) + frames[0] + frames[1][:5])
+    conn.send(frames[1][5:] + frames[2] + b"2Z\x00\x00\x00\x00")
+    assert [b.events for b, _ in router.calls] == [[(NOW_NS, d) for d in docs(1)], [(NOW_NS, d) for d in docs(2, 1)]]
+    assert source.decode_errors == 1 and not conn.transport.disconnecting
+    router.fire_all()
+    assert conn.acks() == [(2, 1), (2, 3)]
+    assert conn.transport.disconnecting
+    assert any("lumberjack 192.0.2.7:40000: unknown frame type 0x5a ('Z'); closing connection" in l for l in log_lines)
+
+
+def test_a_bad_compressed_frame_stores_none_of_its_events():
+    source, router, clock = make_source()
+    conn = Conn(source)
+    bad = lj.encode_compressed(lj.encode_json(2, {"in": "c"}) + b"2J\x00")
+    conn.send(lj.encode_window(2) + lj.encode_json(1, {"before": "c"}) + bad)
+    assert [b.events for b, _ in router.calls] == [[(NOW_NS, {"before": "c"})]]
+    router.fire_all()
+    assert conn.acks() == [(2, 1)]  # Beats resends event 2 on its next connection
+    assert conn.transport.disconnecting
+
+
+def test_event_limits_close_the_connection_with_a_line_naming_them(log_lines):
+    source, router, clock = make_source(max_event_bytes=100, max_data_fields=3)
+    conn = Conn(source)
+    conn.send(lj.encode_window(1, version=1) + b"1D" + struct.pack(">II", 1, 4))
+    assert conn.transport.disconnecting and source.decode_errors == 1
+    assert any("data frame with 4 fields exceeds max_data_fields 3; closing connection" in l for l in log_lines)
+    conn = Conn(source, port=40001)
+    conn.send(window([{"x": "y" * 100}]))
+    assert conn.transport.disconnecting and source.decode_errors == 2
+    assert any("40001: JSON frame of 108 bytes exceeds max_event_bytes 100; closing connection" in l for l in log_lines)
+    assert router.calls == []
 
 
 # -- records, times, tags ------------------------------------------------------------------
@@ -441,6 +485,8 @@ def test_config_defaults_and_checks(tmp_path):
     options = config.sources["beats"].options
     assert options["listen"] == "tcp:5044" and options["keepalive_secs"] == 5
     assert options["max_window_size"] == 10_000 and options["tag"] == "beats"
+    assert options["max_event_bytes"] == 16 << 20 and options["max_data_fields"] == 1024
+    assert config_errors("max_data_fields = 0") == ["sources.beats.max_data_fields: must be greater than 0, got 0"]
     assert options["ssl_client_authentication"] == "none" and options["keep_metadata"] is True
     assert config_errors('tag = "x.${a"') == ["sources.beats.tag: unterminated '${' in tag 'x.${a'"]
     assert config_errors("max_window_size = 0") == ["sources.beats.max_window_size: must be greater than 0, got 0"]

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 import random
 import struct
+import sys
+import types
 import zlib
 
 import pytest
@@ -438,3 +440,187 @@ def test_json_roundtrip_of_awkward_values():
     doc = {"n": 1.5e300, "big": 2**70, "neg": -1, "t": True, "f": False, "z": None, "s": "\x00\u2028", "l": []}
     (_, events) = decode([lj.encode_window_frames([doc])])
     assert events.records == [json.loads(json.dumps(doc))]
+
+
+# -- the same result however the bytes arrive (issue #9) -----------------------------------
+
+
+def decode_or_error(chunks, **limits) -> tuple[list, str | None]:
+    """Every frame decoded, including those an error carries, and the error's reason."""
+    decoder = lj.LumberjackDecoder(**limits)
+    messages: list = []
+    for chunk in chunks:
+        try:
+            messages += decoder.feed(chunk)
+        except DecodeError as e:
+            return summarize(messages + e.messages), e.reason
+    return summarize(messages), None
+
+
+def every_way(data: bytes, **limits) -> tuple[list, str | None]:
+    whole = decode_or_error([data], **limits)
+    assert decode_or_error([data[i : i + 1] for i in range(len(data))], **limits) == whole
+    for cut in range(1, len(data)):
+        assert decode_or_error([data[:cut], data[cut:]], **limits) == whole, f"split at {cut}"
+    return whole
+
+
+@pytest.mark.parametrize("data", [b"2x", b"2W\x00\x00\x00\x002A", b"1W\x00\x00\x00\x001\x00\x00"])
+def test_a_partial_header_with_a_bad_type_is_refused_however_it_arrives(data):
+    (reason,) = {every_way(data)[1]}
+    assert reason.startswith("unknown frame type")
+
+
+def test_frames_before_a_fatal_one_come_with_the_error():
+    good = lj.encode_window(3) + lj.encode_json(1, {"a": 1}) + lj.encode_json(2, {"a": 2})
+    decoder = lj.LumberjackDecoder()
+    with pytest.raises(DecodeError, match="unknown frame type") as info:
+        decoder.feed(good + b"2Z\x00\x00\x00\x00")
+    assert summarize(info.value.messages) == [("W", 2, 3, 1, 0), ("E", 1, [{"a": 1}, {"a": 2}], 2, 2, 0, False)]
+    assert every_way(good + b"2Z\x00\x00\x00\x00")[0] == summarize(info.value.messages)
+    # An oversized J frame right after a run of good ones: the run is accounted first.
+    frames, reason = every_way(good + b"2J" + struct.pack(">II", 3, 101), max_frame_bytes=100)
+    assert frames[-1] == ("E", 1, [{"a": 1}, {"a": 2}], 2, 2, 0, False)
+    assert reason == "JSON frame of 101 bytes exceeds max_frame_bytes 100"
+    # And later calls are refused: the stream is out of sync.
+    with pytest.raises(DecodeError, match="decoder already failed: unknown frame type"):
+        decoder.feed(lj.encode_window(1))
+
+
+def test_a_bad_compressed_frame_gives_none_of_its_frames():
+    inner = lj.encode_json(1, {"in": 1}) + lj.encode_json(2, {"in": 2}) + b"2J\x00"
+    data = lj.encode_window(2) + lj.encode_json(1, {"before": 0}) + lj.encode_compressed(inner)
+    frames, reason = every_way(data)
+    assert reason == "compressed frame ends inside a frame (3 bytes left over)"
+    assert frames == [("W", 2, 2, 1, 0), ("E", 1, [{"before": 0}], 1, 1, 0, False)]
+    # A window announced inside the bad frame is taken back too.
+    frames, reason = every_way(lj.encode_compressed(lj.encode_window(1) + b"2?"))
+    assert (frames, reason) == ([], "unknown frame type 0x3f ('?')")
+
+
+def test_pending_bytes_counts_the_incomplete_frame_only():
+    decoder = lj.LumberjackDecoder()
+    data = lj.encode_window(2) + lj.encode_json(1, {"a": 1}) + lj.encode_data(2, {"k": "v"}, version=2)
+    assert decoder.pending_bytes == 0
+    decoder.feed(data[:6])
+    assert decoder.pending_bytes == 0
+    decoder.feed(data[6:9])
+    assert decoder.pending_bytes == 3
+    decoder.feed(data[9:-2])
+    assert decoder.pending_bytes == len(lj.encode_data(2, {"k": "v"})) - 2  # mid-way through the D frame
+    decoder.feed(data[-2:])
+    assert decoder.pending_bytes == 0
+
+
+# -- bounded, linear cost per frame (issue #9) ---------------------------------------------
+
+
+def count_calls(name: str, fn) -> int:
+    """How many times ``fn`` calls a builtin called ``name``: work, counted without a clock."""
+    count = 0
+
+    def profile(frame, event, arg):
+        nonlocal count
+        if event == "c_call" and getattr(arg, "__name__", None) == name:
+            count += 1
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return count
+
+
+def test_a_large_data_frame_arriving_in_many_reads_is_scanned_once():
+    # Each read used to rescan the frame from its start: 48 MiB of empty pairs took minutes.
+    fields = {f"k{i}": "v" for i in range(2000)}
+    frame = lj.encode_data(1, fields)
+    reads = [frame[i : i + 64] for i in range(0, len(frame), 64)]
+    decoder = lj.LumberjackDecoder(max_data_fields=len(fields))
+    out: list = []
+    work = count_calls("unpack_from", lambda: [out.extend(decoder.feed(r)) for r in reads])
+    assert out[-1].records == [fields]
+    assert work <= 2 * len(fields) + 2 * len(reads)  # one length field each, plus a header per read
+
+
+def test_data_frame_field_count_is_refused_from_the_header():
+    with pytest.raises(DecodeError, match="data frame with 1025 fields exceeds max_data_fields 1024"):
+        lj.LumberjackDecoder().feed(b"1D" + struct.pack(">II", 1, 1025))
+    frame = lj.encode_data(1, {str(i): "" for i in range(5)})
+    assert decode([frame], max_data_fields=5)[0].records == [{str(i): "" for i in range(5)}]
+    with pytest.raises(DecodeError, match="exceeds max_data_fields 4"):
+        decode([lj.encode_compressed(frame, version=1)], max_data_fields=4)
+
+
+def test_event_size_limit():
+    small = {"x": "y" * 80}
+    assert decode([lj.encode_window_frames([small])], max_event_bytes=100)[1].records == [small]
+    big = lj.encode_json(1, {"x": "y" * 200})
+    with pytest.raises(DecodeError, match="JSON frame of 208 bytes exceeds max_event_bytes 100"):
+        decode([big[:10]], max_event_bytes=100)  # from the header alone
+    with pytest.raises(DecodeError, match="exceeds max_event_bytes 100"):
+        decode([lj.encode_compressed(big)], max_event_bytes=100)
+    with pytest.raises(DecodeError, match="data frame exceeds max_event_bytes 100"):
+        decode([lj.encode_data(1, {"line": "x" * 200})[:30]], max_event_bytes=100)
+    # The smaller of the two limits applies, and is the one named.
+    with pytest.raises(DecodeError, match="exceeds max_frame_bytes 50"):
+        decode([big], max_event_bytes=100, max_frame_bytes=50)
+
+
+class _CountingInflater:
+    """A zlib decompressor that adds up the input bytes it is handed."""
+
+    def __init__(self, counts: list[int]) -> None:
+        self._inner = zlib.decompressobj()
+        self._counts = counts
+
+    def decompress(self, data, max_length=0):
+        self._counts.append(len(data))
+        return self._inner.decompress(data, max_length)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def test_compressed_input_is_handed_to_zlib_once(monkeypatch):
+    # zlib hands back what it did not consume after each 1 MiB of output; passing that
+    # tail back each step copied a whole large payload once per step.
+    pad = random.Random(9).randbytes(1 << 19).hex()  # compresses about 2:1
+    frame = lj.encode_compressed(b"".join(lj.encode_json(i + 1, {"pad": pad[i:]}) for i in range(8)), 1)
+    counts: list[int] = []
+    monkeypatch.setattr(lj, "zlib", types.SimpleNamespace(decompressobj=lambda: _CountingInflater(counts), error=zlib.error))
+    (events,) = decode([frame])
+    assert len(events.records) == 8 and len(frame) > 3 << 20
+    assert sum(counts) <= 2 * len(frame)
+
+
+def test_ack_decoder_refuses_at_the_bad_byte_and_keeps_earlier_acks():
+    for data, reason in ((lj.encode_ack(7) + b"3", "invalid protocol version byte 0x33"), (lj.encode_ack(7) + b"2W", "expected an ACK frame")):
+        for pieces in ([data], [data[:6], data[6:]]):
+            decoder = lj.AckDecoder()
+            got = []
+            with pytest.raises(DecodeError, match=reason) as info:
+                for piece in pieces:
+                    got += decoder.feed(piece)
+            assert got + info.value.messages == [lj.Ack(2, 7)]
+    decoder = lj.AckDecoder()
+    assert decoder.feed(lj.encode_ack(1) + b"2A\x00") == [lj.Ack(2, 1)] and decoder.pending_bytes == 3
+    assert decoder.feed(b"\x00\x00\x02") == [lj.Ack(2, 2)] and decoder.pending_bytes == 0
+
+
+def test_a_compressed_frame_holds_at_most_one_window_of_frames():
+    # 6-byte W frames or 12-byte {} events inflate from a tiny payload into millions of
+    # objects: a C frame is refused past one window of frames (and the W of it).
+    window = lj.encode_window(3) + b"".join(lj.encode_json(i + 1, {}) for i in range(3))
+    assert summarize(decode([lj.encode_compressed(window)], max_window_size=3))[-1][2] == [{}] * 3
+    with pytest.raises(DecodeError, match=r"compressed frame holds more than 4 frames \(max_window_size 3 and a W frame\)"):
+        decode([lj.encode_compressed(window + lj.encode_json(4, {}))], max_window_size=3)
+    with pytest.raises(DecodeError, match="holds more than 4 frames"):
+        decode([lj.encode_compressed(lj.encode_window(0) * 5)], max_window_size=3)
+    nested = lj.encode_compressed(lj.encode_json(1, {}) + lj.encode_compressed(lj.encode_json(2, {}) * 2))
+    with pytest.raises(DecodeError, match="holds more than 2 frames"):  # the nested C frame counts too
+        decode([lj.encode_compressed(nested)], max_window_size=1)
+    # Outside C frames, the count does not apply: plain frames arrive at the network's pace.
+    plain = lj.encode_window(1) + lj.encode_json(1, {}) * 10
+    assert summarize(decode([plain], max_window_size=1))[-1][4] == 10

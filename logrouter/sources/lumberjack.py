@@ -16,6 +16,10 @@ them, and answers with ``A`` frames only once events are durable:
   the Beats read timeout).
 - A batch the router fails to store closes the connection: the client re-sends every
   event that was not acknowledged.
+- Bad input (a framing error, or a frame over ``max_frame_bytes``, ``max_event_bytes``,
+  ``max_data_fields``, ``max_window_size``, ``max_decompressed_bytes``) closes the
+  connection with a log line naming the limit. The events the same read brought before
+  it are stored and acknowledged first; a bad ``C`` frame gives none of its events.
 
 Events become ``(time_ns, record)``: the JSON object of a ``J`` frame (the key/value
 strings of a ``D`` frame) with its fields intact, the time taken from ``@timestamp``
@@ -219,6 +223,8 @@ class LumberjackProtocol(StreamProtocol):
             max_window_size=options["max_window_size"],
             max_frame_bytes=options["max_frame_bytes"],
             max_decompressed_bytes=options["max_decompressed_bytes"],
+            max_event_bytes=options["max_event_bytes"],
+            max_data_fields=options["max_data_fields"],
         )
 
     def handle(self, message: wire.Window | wire.Events) -> None:
@@ -272,15 +278,8 @@ class LumberjackProtocol(StreamProtocol):
 
         def failed(failure: Any) -> None:
             self.pending.discard(d)
-            self.log.failure(
-                "lumberjack {peer}: batch could not be stored; closing the connection so the client re-sends",
-                failure,
-                peer=self.peer,
-            )
-            if not self.closing:
-                self.closing = True
-                self._stop_keepalive()
-                self.transport.abortConnection()
+            self._stop_keepalive()
+            self.store_failed(failure)  # the base's: logged, counted, aborted at once
 
         d.addCallbacks(stored, failed)
 
@@ -387,6 +386,15 @@ class LumberjackSource(StreamSource):
         "max_frame_bytes": Option(int, wire.DEFAULT_MAX_FRAME_BYTES, "largest J/C/D frame accepted", positive),
         "max_decompressed_bytes": Option(
             int, wire.DEFAULT_MAX_DECOMPRESSED_BYTES, "largest inflated content of one C frame", positive
+        ),
+        "max_event_bytes": Option(
+            int,
+            wire.DEFAULT_MAX_EVENT_BYTES,
+            "largest single event: the JSON document of a J frame, a whole D frame (checked inside C frames too)",
+            positive,
+        ),
+        "max_data_fields": Option(
+            int, wire.DEFAULT_MAX_DATA_FIELDS, "most key/value pairs in one v1 D frame (one event)", positive
         ),
         "ssl_client_authentication": Option(
             str, "none", "client certificates on an ssl: listener: none, optional or required", _check_client_authentication

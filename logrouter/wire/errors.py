@@ -1,10 +1,21 @@
 """The error every codec raises for input it cannot decode."""
 
+from __future__ import annotations
+
+from typing import Any
+
 
 class DecodeError(Exception):
-    """Input a codec cannot decode. ``fatal`` means the connection cannot continue."""
+    """Input a codec cannot decode. ``fatal`` means the connection cannot continue.
+
+    ``messages`` holds what the same ``feed`` call decoded before the bad input, in
+    order, so that a caller sees the same frames however the bytes were split into
+    reads (frames completed by earlier calls were returned by them). The caller may
+    act on them before closing, or drop them (unacknowledged data is resent).
+    """
 
     def __init__(self, reason: str, fatal: bool = True) -> None:
         super().__init__(reason)
         self.reason = reason
         self.fatal = fatal
+        self.messages: list[Any] = []

@@ -47,7 +47,6 @@ COMPRESSIONS = ("text", "gzip")
 HEARTBEAT_REQUEST = b"\x00"  # UDP heartbeat datagram (protocols/fluent-forward.md F5)
 HEARTBEAT_REPLY = b"\x00"
 MAX_REPLY_BYTES = 1 << 20  # acks are ~30 bytes, HELO/PONG a few hundred
-_FEED_STEP = 64 << 10
 
 _NANOS = 1_000_000_000
 _EVENT_TIME = struct.Struct(">II")
@@ -175,26 +174,58 @@ class ReplyReader:
     """Incremental decoder of the server->client direction: whole msgpack objects in order.
 
     Strings decode losslessly (``surrogateescape``), so ids and salts compare as the exact
-    bytes sent. A reply over ``max_bytes`` or undecodable bytes raise ``ReplyError``.
+    bytes sent. A reply longer than ``max_bytes`` or undecodable bytes raise ``ReplyError``,
+    carrying in ``messages`` the replies the same ``feed`` call decoded before; the
+    verdict does not depend on how the bytes were split into reads.
     """
 
     def __init__(self, max_bytes: int = MAX_REPLY_BYTES) -> None:
-        self._max = max(max_bytes, 2 * _FEED_STEP)
+        self._max = max(max_bytes, 1)
         self._unpacker = msgpack.Unpacker(
             raw=False, unicode_errors="surrogateescape", strict_map_key=False, max_buffer_size=self._max
         )
+        self._fed = 0  # bytes fed to the unpacker since the start
+        self._boundary = 0  # where the last whole reply ended, in the same count
+        self._failed: str | None = None
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes held of a reply not complete yet (0 at a reply boundary)."""
+        return self._fed - self._boundary
 
     def feed(self, data: bytes) -> list[Any]:
+        if self._failed is not None:
+            raise ReplyError(f"reader already failed: {self._failed}")
         messages: list[Any] = []
+        unpacker = self._unpacker
         view = memoryview(data)
-        # Fed in steps smaller than the buffer bound and drained after each, so only a
-        # single reply longer than ``max_bytes`` can fill the buffer.
-        for start in range(0, len(view), _FEED_STEP):
-            try:
-                self._unpacker.feed(view[start : start + _FEED_STEP])
-                messages.extend(self._unpacker)
-            except msgpack.BufferFull:
-                raise ReplyError(f"reply longer than {self._max} bytes") from None
-            except (ValueError, TypeError, msgpack.UnpackException) as exc:
-                raise ReplyError(f"undecodable reply: {exc}") from exc
+        start = 0
+        try:
+            while start < len(view):
+                # Never more than fits beside the reply being assembled: the buffer then
+                # overflows exactly when one reply is longer than the bound, however the
+                # bytes were split (a fixed step would refuse a shorter reply that
+                # happened to straddle a step boundary).
+                room = self._max - (self._fed - self._boundary)
+                if room <= 0:
+                    raise ReplyError(f"reply longer than {self._max} bytes")
+                piece = view[start : start + room]
+                unpacker.feed(piece)
+                start += len(piece)
+                self._fed += len(piece)
+                for message in unpacker:
+                    messages.append(message)
+                    self._boundary = unpacker.tell()
+        except ReplyError as error:
+            self._fail(error, messages)
+            raise
+        except msgpack.BufferFull:
+            raise self._fail(ReplyError(f"reply longer than {self._max} bytes"), messages) from None
+        except (ValueError, TypeError, msgpack.UnpackException) as exc:
+            raise self._fail(ReplyError(f"undecodable reply: {exc}"), messages) from None
         return messages
+
+    def _fail(self, error: ReplyError, messages: list[Any]) -> ReplyError:
+        self._failed = error.reason
+        error.messages = messages
+        return error

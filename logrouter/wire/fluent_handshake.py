@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
+import reprlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -94,6 +95,18 @@ def _utf8(value: str | bytes) -> bytes:
 def _text(value: bytes) -> str:
     """Bytes from the wire made printable for a log line (never used for comparisons)."""
     return value.decode("utf-8", "backslashreplace")
+
+
+# repr() of a peer's message recurses into it (msgpack nests up to 1024 deep, deeper than
+# the interpreter lets repr go) and builds all of it before it could be cut short.
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxlevel = 3
+_SHORT_REPR.maxstring = _SHORT_REPR.maxother = 40
+
+
+def shown(message: Any) -> str:
+    """A decoded message from a peer as at most 80 characters for a log line."""
+    return _SHORT_REPR.repr(message)[:80]
 
 
 def shared_key_digest(salt: bytes, hostname: str | bytes, nonce: bytes, shared_key: str | bytes) -> str:
@@ -248,6 +261,11 @@ class ServerHandshake:
         )
         self.result: HandshakeResult | None = None
 
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes held of a PING not complete yet (0 before any and once the verdict is in)."""
+        return len(self._buffer)
+
     def helo(self) -> bytes:
         return encode_helo(self.nonce, self.auth_salt, self.keepalive)
 
@@ -319,7 +337,7 @@ class Helo:
 def decode_helo(message: Any) -> Helo:
     """Read a decoded HELO (nonce/auth as bin or str; keepalive defaults to true)."""
     if type(message) is not list or len(message) != 2 or raw_bytes(message[0]) != b"HELO" or type(message[1]) is not dict:
-        raise HandshakeError("invalid HELO message", f"got {message!r:.80}")
+        raise HandshakeError("invalid HELO message", f"got {shown(message)}")
     options = {raw_bytes(k) or k: v for k, v in message[1].items()}
     nonce = raw_bytes(options.get(b"nonce"))
     auth = raw_bytes(options.get(b"auth", b""))
@@ -348,7 +366,7 @@ def client_ping(
 def check_pong(message: Any, helo: Helo, salt: bytes, client_hostname: str, shared_key: str) -> str:
     """The server's hostname from a successful PONG; ``HandshakeError`` otherwise (out_forward's checks)."""
     if type(message) is not list or len(message) != 5 or raw_bytes(message[0]) != b"PONG" or type(message[1]) is not bool:
-        raise HandshakeError("invalid PONG message", f"got {message!r:.80}")
+        raise HandshakeError("invalid PONG message", f"got {shown(message)}")
     _, ok, reason, hostname, digest = message
     if not ok:
         raise HandshakeError("authentication failed", _text(raw_bytes(reason) or b""))

@@ -29,12 +29,23 @@ the section numbers in comments refer to it. Summary of what this codec decides:
   the framing is intact, so the event is counted in ``Events.invalid`` (and covered by
   the ack) and the rest decodes normally. Everything else that is wrong raises
   ``DecodeError`` (always fatal: the connection must be closed, section 8).
+- Decoding costs time linear in the bytes received, whatever the frames and however
+  they are split into reads, and each event is bounded: ``max_event_bytes`` (a ``J``
+  payload, a whole ``D`` frame) and ``max_data_fields`` (pairs in one ``D`` frame) are
+  checked from the length fields, before the bytes they announce are decoded. A ``C``
+  frame is bounded by ``max_decompressed_bytes`` and may hold at most
+  ``max_window_size`` + 1 frames (one window and its ``W``), nested frames included.
+- The result does not depend on how the stream is split into ``feed`` calls: the same
+  frames, and the same error at the same place (its ``messages`` carry what that call
+  decoded before it). A ``C`` frame is all or nothing: when anything inside it is bad,
+  none of its frames is returned.
 """
 
 from __future__ import annotations
 
 import json
 import struct
+import sys
 import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -45,7 +56,9 @@ from logrouter.wire.errors import DecodeError
 __all__ = [
     "Ack",
     "AckDecoder",
+    "DEFAULT_MAX_DATA_FIELDS",
     "DEFAULT_MAX_DECOMPRESSED_BYTES",
+    "DEFAULT_MAX_EVENT_BYTES",
     "DEFAULT_MAX_FRAME_BYTES",
     "DEFAULT_MAX_WINDOW_SIZE",
     "Events",
@@ -63,6 +76,12 @@ __all__ = [
 DEFAULT_MAX_WINDOW_SIZE = 10_000  # go-lumber's MaxWindowSize default (section 3)
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_DECOMPRESSED_BYTES = 256 * 1024 * 1024
+# Filebeat cuts a line at max_bytes, 10 MiB by default; this leaves room for its fields
+# and JSON escaping.
+DEFAULT_MAX_EVENT_BYTES = 16 * 1024 * 1024
+# logstash-forwarder sends a handful of fields (line, offset, file, host and the user's
+# "fields"); Elasticsearch refuses more than 1000 fields per index by default anyway.
+DEFAULT_MAX_DATA_FIELDS = 1024
 MAX_NESTING = 8  # C frames inside C frames; real clients never nest at all
 
 VERSION_BYTES = {1: 0x31, 2: 0x32}
@@ -83,6 +102,11 @@ _HEADER_U32X2 = struct.Struct(">BBII")
 # One inflate step produces at most this much, so a bomb is caught one step after it
 # passes the limit instead of after it has filled memory.
 _INFLATE_STEP_BYTES = 1 << 20
+# Compressed input is handed to zlib in slices this big: zlib copies the input it has not
+# consumed yet (``unconsumed_tail``) after every step, which for a whole 64 MiB payload
+# inflating in 1 MiB steps was a copy of the payload per step.
+_INFLATE_INPUT_BYTES = 64 << 10
+_UNBOUNDED = sys.maxsize
 
 # The C scanner behind json.loads, called directly: it skips json.loads' type dispatch,
 # encoding detection and whitespace regexes, which cost about as much as the scan itself.
@@ -147,8 +171,9 @@ class LumberjackDecoder:
 
     ``feed(data)`` returns the ``Window`` and ``Events`` completed by ``data``, in order.
     An ``Events`` never spans two ``feed`` calls (the caller stores what it got and may
-    acknowledge it), nor two windows. Raises ``DecodeError`` on anything it cannot decode;
-    the connection cannot continue after that.
+    acknowledge it), nor two windows. Raises ``DecodeError`` on anything it cannot decode,
+    with the frames this call decoded before the bad one in its ``messages``; the
+    connection cannot continue after that, and later calls raise again.
     """
 
     def __init__(
@@ -156,10 +181,19 @@ class LumberjackDecoder:
         max_window_size: int = DEFAULT_MAX_WINDOW_SIZE,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+        max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
+        max_data_fields: int = DEFAULT_MAX_DATA_FIELDS,
     ) -> None:
         self.max_window_size = max_window_size
         self.max_frame_bytes = max_frame_bytes
         self.max_decompressed_bytes = max_decompressed_bytes
+        self.max_event_bytes = max_event_bytes
+        self.max_data_fields = max_data_fields
+        # One event may be no larger than either limit; errors name the one that bit.
+        if max_event_bytes < max_frame_bytes:
+            self._event_limit, self._event_limit_name = max_event_bytes, "max_event_bytes"
+        else:
+            self._event_limit, self._event_limit_name = max_frame_bytes, "max_frame_bytes"
         self.version: int | None = None  # 1 or 2 once the first byte arrived
         self._vbyte = -1
         self._buffer = bytearray()
@@ -171,11 +205,20 @@ class LumberjackDecoder:
         self._group: Events | None = None  # the Events being filled by this feed call
         self._out: list[Window | Events] = []
         self._inflate_left = 0
+        # Frames the C frame being decoded may still yield (unbounded outside C frames).
+        self._frames_left = _UNBOUNDED
+        # A top-level D frame cut by the end of a read: (offset of the next length field
+        # from the frame's start, fields left, record so far, key awaiting its value).
+        self._partial: tuple[int, int, dict[str, str], str | None] | None = None
+        self._c_mark: tuple[int, Events | None, tuple[Any, ...]] | None = None  # output before the C frame being decoded
+        self._failed: str | None = None  # the reason of the error that ended the stream
 
     @property
-    def buffered(self) -> int:
-        """Bytes received but not decoded yet (an incomplete frame)."""
+    def pending_bytes(self) -> int:
+        """Bytes held of a frame not complete yet (0 at a frame boundary)."""
         return len(self._buffer)
+
+    buffered = pending_bytes
 
     @property
     def window_pending(self) -> bool:
@@ -183,6 +226,8 @@ class LumberjackDecoder:
         return self._window_size is not None and self._window_left > 0
 
     def feed(self, data: bytes) -> list[Window | Events]:
+        if self._failed is not None:
+            raise DecodeError(f"decoder already failed: {self._failed}")
         buf = self._buffer
         buf += data
         if len(buf) < self._need:
@@ -191,6 +236,12 @@ class LumberjackDecoder:
         self._group = None
         try:
             pos = self._parse(buf, 0, len(buf), 0)
+        except DecodeError as error:
+            if self._c_mark is not None:
+                self._rollback(self._c_mark)
+            self._failed = error.reason  # not the error: its traceback holds the inflated bytes
+            error.messages = out
+            raise
         finally:
             self._group = None
         if pos:
@@ -214,10 +265,20 @@ class LumberjackDecoder:
             self.version = _VERSIONS[vbyte]
         need = 0
         while pos < end:
+            if depth and self._frames_left <= 0:
+                raise DecodeError(
+                    f"compressed frame holds more than {self.max_window_size + 1} frames "
+                    f"(max_window_size {self.max_window_size} and a W frame)"
+                )
             if buf[pos] != vbyte:
                 raise self._version_error(buf[pos])
             if end - pos < 6:
-                if end - pos >= 2 and buf[pos + 1] not in _CLIENT_FRAMES:
+                # Wake up again for the type byte: it is checked as soon as it is here,
+                # as it would be had the header arrived in one piece.
+                if end - pos < 2:
+                    need = pos + 2
+                    break
+                if buf[pos + 1] not in _CLIENT_FRAMES:
                     raise self._type_error(buf[pos + 1])
                 need = pos + 6
                 break
@@ -227,8 +288,10 @@ class LumberjackDecoder:
                     need = pos + 10
                     break
                 size = _U32.unpack_from(buf, pos + 6)[0]
-                if size > self.max_frame_bytes:
-                    raise DecodeError(f"JSON frame of {size} bytes exceeds max_frame_bytes {self.max_frame_bytes}")
+                if size > self._event_limit:
+                    raise DecodeError(
+                        f"JSON frame of {size} bytes exceeds {self._event_limit_name} {self._event_limit}"
+                    )
                 if pos + 10 + size > end:
                     need = pos + 10 + size
                     break
@@ -247,20 +310,33 @@ class LumberjackDecoder:
                     raise DecodeError(f"compressed frames nested more than {MAX_NESTING} deep")
                 if depth == 0:
                     self._inflate_left = self.max_decompressed_bytes
+                    # A real C frame holds one window's events (Logstash also lets the W
+                    # frame sit inside). Without a count, tiny frames (6-byte W frames,
+                    # 12-byte {} events) inflating from a small payload would turn into
+                    # millions of objects: a GiB of memory and a minute of CPU per frame.
+                    self._frames_left = self.max_window_size + 1
+                    self._c_mark = self._mark()
+                else:
+                    self._frames_left -= 1
                 inner = self._inflate(bytes(buf[pos + 6 : stop]))
                 inner_end = len(inner)
                 left = inner_end - self._parse(inner, 0, inner_end, depth + 1)
                 if left:
                     raise DecodeError(f"compressed frame ends inside a frame ({left} bytes left over)")
+                if depth == 0:
+                    self._c_mark = None
+                    self._frames_left = _UNBOUNDED
                 pos = stop
             elif kind == WINDOW:
                 self._window_frame(_U32.unpack_from(buf, pos + 2)[0])
+                self._frames_left -= 1
                 pos += 6
             elif kind == DATA:
-                stop = self._data_frame(buf, pos, end)
+                stop = self._data_frame(buf, pos, end, depth)
                 if stop < 0:
                     need = -stop
                     break
+                self._frames_left -= 1
                 pos = stop
             else:
                 raise self._type_error(kind)
@@ -297,6 +373,24 @@ class LumberjackDecoder:
         self._top_seq = 0
         self._out.append(Window(self.version, size, self._window, missing))  # type: ignore[arg-type]
 
+    def _mark(self) -> tuple[int, Events | None, tuple[Any, ...]]:
+        """Where the output stands, for ``_rollback``."""
+        group = self._group
+        if group is None:
+            return len(self._out), None, ()
+        return len(self._out), group, (
+            len(group.records), group.frames, group.invalid, group.invalid_reason, group.ack_seq, group.complete
+        )
+
+    def _rollback(self, mark: tuple[int, Events | None, tuple[Any, ...]]) -> None:
+        """Take back the output added since ``mark`` (a C frame that turned out bad)."""
+        count, group, fields = mark
+        del self._out[count:]
+        if group is not None:
+            del group.records[fields[0] :]
+            group.frames, group.invalid, group.invalid_reason, group.ack_seq, group.complete = fields[1:]
+        self._c_mark = None
+
     def _open_group(self) -> Events:
         group = self._group
         if group is None:
@@ -323,16 +417,15 @@ class LumberjackDecoder:
         scan = _scan_json
         unpack = _U32X2.unpack_from
         vbyte = self._vbyte
-        limit = self.max_frame_bytes
+        limit = self._event_limit
         top = self._top_seq
         frames = 0
-        while end - pos >= 10 and buf[pos + 1] == JSON and buf[pos] == vbyte:
+        most = self._frames_left
+        while frames < most and end - pos >= 10 and buf[pos + 1] == JSON and buf[pos] == vbyte:
             seq, size = unpack(buf, pos + 2)
-            if size > limit:
-                raise DecodeError(f"JSON frame of {size} bytes exceeds max_frame_bytes {limit}")
             stop = pos + 10 + size
-            if stop > end:
-                break
+            if stop > end or size > limit:
+                break  # the caller waits for it, or refuses it once this run is accounted
             try:
                 text = buf[pos + 10 : stop].decode()
                 try:
@@ -351,6 +444,7 @@ class LumberjackDecoder:
             if seq > top:
                 top = seq
             pos = stop
+        self._frames_left = most - frames
         self._close_run(group, frames, top)
         return pos
 
@@ -366,46 +460,75 @@ class LumberjackDecoder:
                 reason = f"payload is a JSON {type(problem).__name__}, not an object"
             group.invalid_reason = f"event seq {seq}: {reason}"
 
-    def _data_frame(self, buf: bytes | bytearray, pos: int, end: int) -> int:
-        """Decode one v1 ``D`` frame; return its end, or ``-need`` when it is incomplete."""
+    def _data_frame(self, buf: bytes | bytearray, pos: int, end: int, depth: int) -> int:
+        """Decode one v1 ``D`` frame; return its end, or ``-need`` when it is incomplete.
+
+        A top-level frame cut by the end of the input keeps what it decoded in
+        ``_partial`` and the next call resumes there: starting over on every read made a
+        large frame arriving in many reads cost time quadratic in its size.
+        """
         if end - pos < 10:
             return -(pos + 10)
-        seq, pairs = _U32X2.unpack_from(buf, pos + 2)
-        limit = self.max_frame_bytes
-        if pairs * 8 > limit:
-            raise DecodeError(f"data frame with {pairs} fields exceeds max_frame_bytes {limit}")
+        limit = self._event_limit
+        partial = self._partial
+        if partial is None:
+            seq, pairs = _U32X2.unpack_from(buf, pos + 2)
+            if pairs > self.max_data_fields:
+                raise DecodeError(f"data frame with {pairs} fields exceeds max_data_fields {self.max_data_fields}")
+            if 10 + pairs * 8 > limit:
+                raise DecodeError(f"data frame with {pairs} fields exceeds {self._event_limit_name} {limit}")
+            p = pos + 10
+            left = pairs * 2  # key, value, key, value, ...
+            record: dict[str, str] = {}
+            key: str | None = None
+        else:
+            self._partial = None
+            seq = _U32.unpack_from(buf, pos + 2)[0]
+            offset, left, record, key = partial
+            p = pos + offset
         unpack = _U32.unpack_from
-        p = pos + 10
-        spans = []
-        for _ in range(pairs * 2):  # key, value, key, value, ...
+        while left:
             if end - p < 4:
-                return -(p + 4)
-            size = unpack(buf, p)[0]
+                need = p + 4
+                break
             start = p + 4
-            p = start + size
-            if p - pos > limit:
-                raise DecodeError(f"data frame exceeds max_frame_bytes {limit}")
-            if p > end:
-                return -p
-            spans.append((start, p))
-        record = {}
-        for i in range(0, len(spans), 2):
-            (ks, ke), (vs, ve) = spans[i], spans[i + 1]
+            stop = start + unpack(buf, p)[0]
+            if stop - pos > limit:
+                raise DecodeError(f"data frame exceeds {self._event_limit_name} {limit}")
+            if stop > end:
+                need = stop
+                break
             # Like Logstash: UTF-8, malformed bytes become U+FFFD (logstash-forwarder
             # ships file lines in whatever encoding the file had).
-            record[buf[ks:ke].decode("utf-8", "replace")] = buf[vs:ve].decode("utf-8", "replace")
-        group = self._open_group()
-        group.records.append(record)
-        self._close_run(group, 1, max(seq, self._top_seq))
-        return p
+            text = buf[start:stop].decode("utf-8", "replace")
+            if key is None:
+                key = text
+            else:
+                record[key] = text
+                key = None
+            left -= 1
+            p = stop
+        else:
+            group = self._open_group()
+            group.records.append(record)
+            self._close_run(group, 1, max(seq, self._top_seq))
+            return p
+        if depth == 0:
+            self._partial = (p - pos, left, record, key)
+        return -need
 
     def _inflate(self, blob: bytes) -> bytes:
         """Inflate one ``C`` payload (zlib, RFC 1950) within the remaining size budget."""
         inflater = zlib.decompressobj()
         parts: list[bytes] = []
-        pending = blob
+        size = len(blob)
+        fed = 0
+        pending = b""
         try:
             while not inflater.eof:
+                if not pending and fed < size:
+                    pending = blob[fed : fed + _INFLATE_INPUT_BYTES]
+                    fed += len(pending)
                 step = min(self._inflate_left + 1, _INFLATE_STEP_BYTES)
                 piece = inflater.decompress(pending, step)
                 self._inflate_left -= len(piece)
@@ -414,16 +537,16 @@ class LumberjackDecoder:
                         f"compressed frame inflates to more than max_decompressed_bytes "
                         f"{self.max_decompressed_bytes}"
                     )
-                parts.append(piece)
+                if piece:
+                    parts.append(piece)
                 pending = inflater.unconsumed_tail
-                if not pending and not piece and not inflater.eof:
+                if not pending and not piece and fed >= size and not inflater.eof:
                     raise DecodeError("truncated zlib stream in compressed frame")
         except zlib.error as e:
             raise DecodeError(f"bad zlib data in compressed frame: {e}") from None
-        if inflater.unused_data:
-            raise DecodeError(
-                f"{len(inflater.unused_data)} bytes after the end of the zlib stream in a compressed frame"
-            )
+        trailing = len(inflater.unused_data) + size - fed
+        if trailing:
+            raise DecodeError(f"{trailing} bytes after the end of the zlib stream in a compressed frame")
         return b"".join(parts)
 
 
@@ -431,25 +554,46 @@ class LumberjackDecoder:
 
 
 class AckDecoder:
-    """Reads the server->client half: ``A`` frames only (used by tests and clients)."""
+    """Reads the server->client half: ``A`` frames only (used by tests and clients).
+
+    A bad version or frame type is refused as soon as its byte arrives; the acks decoded
+    before it by the same ``feed`` call are in the error's ``messages``.
+    """
 
     def __init__(self) -> None:
         self._buffer = b""
 
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes held of an ``A`` frame not complete yet (0 at a frame boundary)."""
+        return len(self._buffer)
+
     def feed(self, data: bytes) -> list[Ack]:
-        buf = self._buffer + data
-        acks = []
+        buf = self._buffer + data if self._buffer else data
+        acks: list[Ack] = []
         pos = 0
-        while len(buf) - pos >= 6:
-            vbyte, kind, seq = _HEADER_U32.unpack_from(buf, pos)
+        end = len(buf)
+        while pos < end:
+            vbyte = buf[pos]
             if vbyte not in _VERSIONS:
-                raise DecodeError(f"invalid protocol version byte 0x{vbyte:02x} in an ack")
+                raise self._error(f"invalid protocol version byte 0x{vbyte:02x} in an ack", acks)
+            if end - pos < 2:
+                break
+            kind = buf[pos + 1]
             if kind != ACK:
-                raise DecodeError(f"expected an ACK frame, got frame type 0x{kind:02x}")
-            acks.append(Ack(_VERSIONS[vbyte], seq))
+                raise self._error(f"expected an ACK frame, got frame type 0x{kind:02x}", acks)
+            if end - pos < 6:
+                break
+            acks.append(Ack(_VERSIONS[vbyte], _U32.unpack_from(buf, pos + 2)[0]))
             pos += 6
-        self._buffer = buf[pos:]
+        self._buffer = bytes(buf[pos:])
         return acks
+
+    def _error(self, reason: str, acks: list[Ack]) -> DecodeError:
+        self._buffer = b""
+        error = DecodeError(reason)
+        error.messages = acks
+        return error
 
 
 # -- encoders ------------------------------------------------------------------------------
