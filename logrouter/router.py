@@ -34,6 +34,7 @@ LOW_WATER = 0.8  # resume sources / feed a sink again below this share of its bo
 MAX_UNWRITTEN_BYTES = 64 << 20  # appended but not yet written by the spool's worker
 DRAIN_SHARE = 0.8  # of shutdown_timeout_secs, for sinks to catch up before they commit
 DEDUPE_SNAPSHOT_SECS = 10.0
+SPOOL_RETRY_SECS = (1.0, 30.0)  # first and longest pause after the spool's disk refused a write
 
 
 class FilterNode:
@@ -89,6 +90,7 @@ class SinkFeed:
         self.targets = frozenset((name,))
         self.delivered = 0
         self.live = False
+        self.started = False  # the sink recovered its state: only then may it be fed or stopped
         self.reading: defer.Deferred | None = None
         self.epoch = 0  # bumped on rewind, so a read started before it is not applied
 
@@ -125,9 +127,16 @@ class Router:
         self.pauses = 0
         self._paused_at = 0.0
         self.stopping = False
+        self.stop_requested = False
+        self._starting: defer.Deferred | None = None
+        self.spool_failing = False  # the last spool write failed; sources wait and try again
+        self.spool_write_failures = 0
+        self._spool_retry_delay = 0.0
+        self._spool_retry_call: Any = None
         self._drain_waiter: defer.Deferred | None = None
         self.metrics_port: Any = None
         self._snapshot_position = 0
+        self._snapshot_loaded = False  # the id window was read back whole (a stop can cut that short)
         self._snapshot_saved_at = float("-inf")
         self._snapshot: defer.Deferred | None = None
 
@@ -169,7 +178,7 @@ class Router:
         payload = encode_batch(batch, dedupe_key)
         durability = self.durability.get(batch.source) or self.spool.durability
         d = self.spool.append(payload, durability)
-        d.addCallback(self._route_live, batch, len(payload), dedupe_key)
+        d.addCallbacks(self._route_live, self._spool_failed, (batch, len(payload), dedupe_key))
         if dedupe_key is not None:
             d.addErrback(self._not_stored, dedupe_key)
         self._check_backpressure()
@@ -182,9 +191,40 @@ class Router:
         self.dedupe.abandon(key, failure)
         return failure
 
+    def _spool_failed(self, failure: Any) -> Any:
+        """The disk refused a write: nothing of the batch is stored, so it is not acked.
+
+        Sources stop reading for a while (doubling up to a limit) rather than have every
+        client resend into a full disk; then they try again, by themselves, so the router
+        recovers as soon as space is back. The failed batch's sender sees its connection
+        closed without an ack and resends.
+        """
+        self.spool_write_failures += 1
+        if not self.spool_failing:
+            self.spool_failing = True
+            first, longest = SPOOL_RETRY_SECS
+            self._spool_retry_delay = min(longest, self._spool_retry_delay * 2 or first)
+            self.log.error(
+                "spool write failed ({error}); nothing of the batch was stored or acked. Sources "
+                "pause and try again in {delay:.0f}s",
+                error=failure.getErrorMessage(),
+                delay=self._spool_retry_delay,
+            )
+            self._spool_retry_call = self.reactor.callLater(self._spool_retry_delay, self._retry_spool)
+            self._check_backpressure()
+        return failure
+
+    def _retry_spool(self) -> None:
+        self._spool_retry_call = None
+        self.spool_failing = False
+        self._check_backpressure()
+
     def _route_live(self, written: tuple[int, int], batch: Batch, size: int, key: dedupe.Key | None) -> None:
         position, end = written
         self.routed_end = end
+        if self._spool_retry_delay and not self.spool_failing:
+            self._spool_retry_delay = 0.0
+            self.log.info("spool writes succeed again")
         if self.paused:
             self._check_backpressure()
         if key is not None:
@@ -211,7 +251,7 @@ class Router:
 
     def _catch_up(self, feed: SinkFeed) -> None:
         sink = feed.sink
-        if feed.live or feed.reading is not None or sink.failing or self.stopping:
+        if not feed.started or feed.live or feed.reading is not None or sink.failing or self.stopping:
             return
         if sink.queued_bytes > sink.options["max_queue_bytes"] * LOW_WATER:
             return  # _progress calls again as the sink drains
@@ -283,20 +323,28 @@ class Router:
     def _check_backpressure(self) -> None:
         backlog = self.backlog_bytes()
         unwritten = self.spool.pending_bytes
-        if not self.paused and (backlog > self.max_spool_bytes or unwritten > MAX_UNWRITTEN_BYTES):
+        if not self.paused and (
+            backlog > self.max_spool_bytes or unwritten > MAX_UNWRITTEN_BYTES or self.spool_failing
+        ):
             self.paused = True
             self.pauses += 1
             self._paused_at = self.reactor.seconds()
             self.log.warn(
                 "spool backlog {backlog} bytes (limit spool.max_bytes = {limit}), {unwritten} bytes "
-                "waiting for the disk: sources paused",
+                "waiting for the disk{failing}: sources paused",
                 backlog=backlog,
                 limit=self.max_spool_bytes,
                 unwritten=unwritten,
+                failing=", the disk refused the last write" if self.spool_failing else "",
             )
             for source in self.sources.values():
                 source.pause_reading()
-        elif self.paused and backlog < self.max_spool_bytes * LOW_WATER and unwritten < MAX_UNWRITTEN_BYTES * LOW_WATER:
+        elif (
+            self.paused
+            and not self.spool_failing
+            and backlog < self.max_spool_bytes * LOW_WATER
+            and unwritten < MAX_UNWRITTEN_BYTES * LOW_WATER
+        ):
             self.paused = False
             self.paused_secs += self.reactor.seconds() - self._paused_at
             self.log.info("spool backlog {backlog} bytes: sources resumed", backlog=backlog)
@@ -338,13 +386,22 @@ class Router:
 
     # -- lifecycle ----------------------------------------------------------------------
 
+    def start(self) -> defer.Deferred:
+        """Recover the spool and every sink, then listen. A stop asked for meanwhile ends it
+        early at a safe point (no source listens, no sink is fed before it recovered)."""
+        self._starting = self._start()
+        return self._starting
+
     @defer.inlineCallbacks
-    def start(self) -> Any:
+    def _start(self) -> Any:
         self.spool.open()
         self.routed_end = self.spool.end
         yield threads.deferToThread(self._load_dedupe)
         for feed in self.feeds.values():
+            if self.stop_requested:
+                return
             cursor = yield feed.sink.start()
+            feed.started = True
             feed.delivered = max(cursor, self.spool.start)
             feed.sink.advance(feed.delivered)
             if cursor < self.spool.end:
@@ -356,9 +413,11 @@ class Router:
                 )
             self._catch_up(feed)
         for source in self.sources.values():
+            if self.stop_requested:
+                return
             yield source.start()
         self._check_backpressure()
-        if self.config.router["metrics_listen"]:
+        if self.config.router["metrics_listen"] and not self.stop_requested:
             from twisted.internet import endpoints
 
             from logrouter import metrics
@@ -370,14 +429,18 @@ class Router:
 
     def _drained(self) -> bool:
         """Every working sink has been handed everything the spool holds."""
-        return all(feed.sink.failing or feed.delivered >= self.routed_end for feed in self.feeds.values())
+        return all(
+            not feed.started or feed.sink.failing or feed.delivered >= self.routed_end for feed in self.feeds.values()
+        )
 
     def _drain(self, timeout: float) -> defer.Deferred:
         """Fires once sinks behind the spool have caught up, or after ``timeout`` seconds
         (0 = no limit): what is still behind then stays in the spool for the next start."""
         if self._drained():
             return defer.succeed(None)
-        behind = {f.name: self.routed_end - f.delivered for f in self.feeds.values() if f.delivered < self.routed_end}
+        behind = {
+            f.name: self.routed_end - f.delivered for f in self.feeds.values() if f.started and f.delivered < self.routed_end
+        }
         self.log.info("stopping: sinks catching up with the spool first: {behind} bytes behind", behind=behind)
         self._drain_waiter = defer.Deferred()
         for feed in self.feeds.values():
@@ -409,8 +472,8 @@ class Router:
         self.dedupe.add_all(entries)
         self._snapshot_position = position
         position = max(position, self.spool.start)
-        while position < self.spool.end:
-            records, position = self.spool.read(position, self.spool.end, READ_CHUNK_BYTES)
+        while position < self.spool.end and not self.stop_requested:
+            records, next_position = self.spool.read(position, self.spool.end, READ_CHUNK_BYTES)
             for record in records:
                 try:
                     key = decode_key(record.payload)
@@ -418,27 +481,45 @@ class Router:
                     continue
                 if key is not None:
                     self.dedupe.add(key, record.offset)
-            if not records:
-                break
+            if next_position <= position:
+                break  # cannot happen with a sane spool; never loop on it
+            position = next_position
+        self._snapshot_loaded = position >= self.spool.end
 
     @defer.inlineCallbacks
     def stop(self) -> Any:
-        """Drain sources, let the spool finish what it holds, then commit every sink."""
+        """Drain sources, let the spool finish what it holds, then commit every sink.
+
+        A stop during start first lets the start reach a safe point: sinks that have not
+        recovered their state are neither fed nor stopped (a sink fed before it read its
+        commit record would write again what it had already published).
+        """
+        self.stop_requested = True
+        if self._starting is not None:
+            yield defer.DeferredList([self._starting], consumeErrors=True)
+        if self._spool_retry_call is not None and self._spool_retry_call.active():
+            self._spool_retry_call.cancel()
         if self.metrics_port is not None:
             yield self.metrics_port.stopListening()
         yield defer.DeferredList([defer.maybeDeferred(s.stop) for s in self.sources.values()], consumeErrors=True)
-        yield self.spool.close()
+        try:
+            yield self.spool.close()
+        except Exception:
+            # A disk that refuses the final fsync: what was acked was fsync'd before its ack.
+            self.log.failure("closing the spool failed")
         yield self._drain(float(self.config.router["shutdown_timeout_secs"]) * DRAIN_SHARE)
         self.stopping = True
         reads = [feed.reading for feed in self.feeds.values() if feed.reading is not None]
         if reads:
             yield defer.DeferredList(reads, consumeErrors=True)
-        results = yield defer.DeferredList([defer.maybeDeferred(s.stop) for s in self.sinks.values()], consumeErrors=True)
-        for (ok, result), name in zip(results, self.sinks):
+        started = {name: feed.sink for name, feed in self.feeds.items() if feed.started}
+        results = yield defer.DeferredList([defer.maybeDeferred(s.stop) for s in started.values()], consumeErrors=True)
+        for (ok, result), name in zip(results, started):
             if not ok:
                 self.log.failure("sink {name} failed to stop cleanly", result, name=name)
         if self._snapshot is not None:
             yield self._snapshot
-        yield threads.deferToThread(
-            dedupe.save_snapshot, self.dedupe_path, list(self.dedupe.done.items()), self.routed_end
-        )
+        if self._snapshot_loaded:
+            yield threads.deferToThread(
+                dedupe.save_snapshot, self.dedupe_path, list(self.dedupe.done.items()), self.routed_end
+            )

@@ -3,10 +3,12 @@
 A client streams PackedForward chunks with ``chunk`` ids to the real daemon and, like
 out_forward, resends every chunk it has no ack for after reconnecting. The daemon is
 killed with SIGKILL at random moments (after a random number of acks plus a random
-delay, so kills land during appends, fsyncs, Parquet writes and commits), restarted,
-and at the end the lake must hold every acknowledged event exactly once.
+delay, so kills land during appends, fsyncs, Parquet writes and commits; at a random
+moment of its start-up replay; in the middle of a graceful stop) or stopped with
+SIGTERM while it starts, restarted, and at the end the lake must hold every
+acknowledged event exactly once.
 
-Bounds: KILL_CYCLES cycles, at most MAX_CHUNKS_PER_CYCLE chunks of EVENTS_PER_CHUNK
+Bounds: len(CYCLE_ENDINGS) cycles, at most MAX_CHUNKS_PER_CYCLE chunks of EVENTS_PER_CHUNK
 events each per cycle, every wait time-limited; loopback only.
 """
 
@@ -20,17 +22,14 @@ import socket
 import threading
 import time
 
-import msgpack
 import pytest
 
+from chunk_client import EVENTS_PER_CHUNK, Client, chunk_message
 from daemon import Daemon
 from helpers import lake_column, recv_exactly
-from logrouter.wire.fluent_forward import encode_ack, encode_packed_forward
+from logrouter.wire.fluent_forward import encode_ack
 
-KILL_CYCLES = 6
-EVENTS_PER_CHUNK = 100
 MAX_CHUNKS_PER_CYCLE = 400
-T0 = 1_700_000_000 * 10**9
 
 CONFIG = """
 [spool]
@@ -51,77 +50,26 @@ row_group_rows = 500
 """
 
 
-def chunk_message(chunk_no: int) -> tuple[bytes, bytes]:
-    chunk_id = f"chunk-{chunk_no:06d}\n".encode()
-    events = [
-        # Spread over two hours so every chunk touches two partitions.
-        (T0 + (chunk_no % 2) * 3600 * 10**9 + i, {"id": f"{chunk_no}-{i}", "n": i, "msg": "x" * 40})
-        for i in range(EVENTS_PER_CHUNK)
-    ]
-    message = encode_packed_forward("crash.test", events, {"size": EVENTS_PER_CHUNK, "chunk": chunk_id.decode()})
-    return message, chunk_id
-
-
-class Client:
-    """Sends chunks one at a time, waits for each ack, resends unacked ones after a reconnect."""
-
-    def __init__(self) -> None:
-        self.next_chunk = 0
-        self.unacked: collections.OrderedDict[int, None] = collections.OrderedDict()
-        self.acked: set[int] = set()
-        self.acked_this_cycle = 0
-        self.resent = 0  # chunks sent again because their ack never came
-        self.sent_once: set[int] = set()
-        self.progress = threading.Condition()
-
-    def run(self, port: int, max_chunks: int, deadline: float) -> None:
-        """Until the connection breaks (the daemon was killed), or the bounds are hit."""
-        try:
-            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        except OSError:
-            return
-        unpacker = msgpack.Unpacker(raw=True)
-        try:
-            sent = 0
-            while sent < max_chunks and time.monotonic() < deadline:
-                if self.unacked:
-                    chunk_no = next(iter(self.unacked))  # oldest unacked first, as out_forward retries
-                else:
-                    chunk_no = self.next_chunk
-                    self.next_chunk += 1
-                    self.unacked[chunk_no] = None
-                message, chunk_id = chunk_message(chunk_no)
-                if chunk_no in self.sent_once:
-                    self.resent += 1
-                self.sent_once.add(chunk_no)
-                sock.sendall(message)
-                sent += 1
-                reply = None
-                while reply is None:
-                    data = sock.recv(4096)
-                    if not data:
-                        return
-                    unpacker.feed(data)
-                    for reply in unpacker:
-                        break
-                assert reply == {b"ack": chunk_id}, reply
-                del self.unacked[chunk_no]
-                with self.progress:
-                    self.acked.add(chunk_no)
-                    self.acked_this_cycle += 1
-                    self.progress.notify_all()
-        except OSError:
-            return
-        finally:
-            sock.close()
+# How each cycle ends: a kill under load, a kill or a SIGTERM while the daemon starts
+# (spool open, dedupe window read back, sinks replaying from their cursors), and a kill
+# in the middle of a graceful stop (sources draining, sinks committing).
+CYCLE_ENDINGS = ("load", "start_kill", "load", "start_term", "stop_kill", "load", "start_kill", "stop_kill")
 
 
 def test_kill_9_at_random_moments_loses_and_doubles_nothing(tmp_path):
     rng = random.Random(int(os.environ.get("LOGROUTER_CRASH_SEED", "20261122")))
     client = Client()
     kills = 0
-    for cycle in range(KILL_CYCLES):
+    for ending in CYCLE_ENDINGS:
         with Daemon(tmp_path, CONFIG) as daemon:
+            if ending.startswith("start_"):
+                daemon.start(wait_for="")
+                threading.Event().wait(rng.uniform(0.2, 2.0))
+                daemon.process.send_signal(signal.SIGKILL if ending == "start_kill" else signal.SIGTERM)
+                assert daemon.process.wait(60) in (0, -signal.SIGKILL, -signal.SIGTERM), daemon.output
+                assert "Traceback" not in daemon.output, daemon.output
+                kills += 1
+                continue
             daemon.start()
             port = daemon.port("forward")
             client.acked_this_cycle = 0
@@ -132,13 +80,17 @@ def test_kill_9_at_random_moments_loses_and_doubles_nothing(tmp_path):
                 with client.progress:
                     client.progress.wait_for(lambda: client.acked_this_cycle >= target, timeout=60)
                 threading.Event().wait(delay)  # a random moment after the target was reached
+                if ending == "stop_kill":
+                    daemon.process.send_signal(signal.SIGTERM)
+                    daemon.wait_for(r"logrouter stopping", timeout=30)
+                    threading.Event().wait(rng.uniform(0, 0.3))
                 daemon.process.send_signal(signal.SIGKILL)
 
             thread = threading.Thread(target=killer)
             thread.start()
             client.run(port, MAX_CHUNKS_PER_CYCLE, time.monotonic() + 120)
             thread.join(90)
-            assert daemon.process.wait(30) == -signal.SIGKILL
+            assert daemon.process.wait(30) in (-signal.SIGKILL, -signal.SIGTERM)
             kills += 1
 
     # Last run: everything unacked is resent, then a graceful stop commits the rest.
@@ -149,7 +101,7 @@ def test_kill_9_at_random_moments_loses_and_doubles_nothing(tmp_path):
         daemon.stop_gracefully()
         assert "resuming from spool position" in daemon.output or kills == 0
 
-    assert kills == KILL_CYCLES
+    assert kills == len(CYCLE_ENDINGS)
     print(f"{kills} kills, {len(client.acked)} chunks acked ({len(client.acked) * EVENTS_PER_CHUNK} events), "
           f"{client.resent} resent after a kill")
     ids = lake_column(tmp_path / "lake", "id")
@@ -158,7 +110,7 @@ def test_kill_9_at_random_moments_loses_and_doubles_nothing(tmp_path):
     expected = {f"{c}-{i}" for c in client.acked for i in range(EVENTS_PER_CHUNK)}
     assert not doubled, f"{len(doubled)} ids landed more than once, e.g. {doubled[:5]}"
     assert set(ids) == expected, f"missing {len(expected - set(ids))}, unexpected {len(set(ids) - expected)}"
-    assert len(client.acked) >= KILL_CYCLES * 3
+    assert len(client.acked) >= CYCLE_ENDINGS.count("load") * 3
     assert not list((tmp_path / "lake" / "_staging").rglob("*.parquet"))
 
 
