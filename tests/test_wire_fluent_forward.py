@@ -24,6 +24,7 @@ import pytest
 
 from logrouter.wire.errors import DecodeError
 from logrouter.wire.fluent_forward import (
+    DeferredMessage,
     EventMessage,
     EventNanos,
     ForwardDecodeError,
@@ -653,3 +654,202 @@ def test_encoders_write_event_time_with_nanoseconds():
     packed = encode_packed_forward("t", [(T0 * NS + 123456789, {"k": "v"})])
     assert F2 in packed
     assert struct.unpack(">II", F2[2:]) == (T0, 123456789)
+
+
+# -- time range (issue #9: 5) ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "bad_time",
+    [
+        1e308,
+        -1e308,
+        float("inf"),
+        9.3e9,
+        2**64 - 1,
+        2**63,
+        -(2**63),
+        9_223_372_037,
+        -9_223_372_037,
+        msgpack.Timestamp(2**40, 0),
+        [2**64 - 1, {}],
+    ],
+    ids=str,
+)
+def test_time_outside_int64_nanoseconds_is_an_invalid_event(bad_time):
+    entries = [[T0, {"ok": 1}], [bad_time, {"bad": 1}], [T0, {"ok": 2}]]
+    for data in (msgpack.packb(["t", entries]), packed_message("t", entries_blob(*entries))):
+        message = only(decode_every_way(data))
+        assert message.events == [(T0 * NS, {"ok": 1}), (T0 * NS, {"ok": 2})]
+        assert message.invalid == 1
+    if type(bad_time) is not list:  # a list there would make it Forward mode
+        message = only(feed_whole(msgpack.packb(["t", bad_time, {"bad": 1}, {"chunk": "c"}])))
+        assert (message.events, message.invalid, message.chunk) == ([], 1, b"c")
+
+
+@pytest.mark.parametrize(
+    "time, time_ns",
+    [
+        (9_223_372_036, 9_223_372_036 * NS),
+        (-9_223_372_036, -9_223_372_036 * NS),
+        (-1, -NS),  # before 1970: a real date, kept
+        (9.2e9, 9_200_000_000 * NS),
+        (msgpack.Timestamp(-5, 0), -5 * NS),
+    ],
+    ids=str,
+)
+def test_times_at_the_edges_of_the_range_are_kept(time, time_ns):
+    data = msgpack.packb(["t", [[time, {"k": "v"}]]])
+    assert only(decode_every_way(data)).events == [(time_ns, {"k": "v"})]
+
+
+def test_json_integers_msgpack_cannot_hold_are_kept_as_text():
+    data = (
+        b'["t", 1441588984, {"small": 5, "u64": 18446744073709551615, "i64": -9223372036854775808,'
+        b' "big": 18446744073709551616, "long": ' + b"7" * 5000 + b"}]"
+    )
+    (_, record), = only(feed_whole(data)).events
+    assert record["small"] == 5 and record["u64"] == 2**64 - 1 and record["i64"] == -(2**63)
+    assert record["big"] == "18446744073709551616" and record["long"] == "7" * 5000
+    msgpack.packb(record)  # what the spool does with it
+
+
+def test_json_lone_surrogate_escapes_become_replacement_characters():
+    data = b'["t\\ud800", 1, {"k\\udfff": ["\\ud83d\\ude00 \\ud800x", {"n": "\\udc80"}]}, {"chunk": "c\\udbff"}]'
+    message = only(decode_every_way(data))
+    assert message.tag == "t\ufffd" and message.chunk == "c\ufffd".encode()
+    # a pair is one character; U+DC80 stands for a byte that was not UTF-8 and is kept
+    assert message.events[0][1] == {"k\ufffd": ["\U0001f600 \ufffdx", {"n": "\udc80"}]}
+    msgpack.packb(message.events, unicode_errors="surrogateescape")  # what the spool does
+
+
+def test_json_nested_too_deep_is_a_decode_error():
+    data = b'["t", 1, {"k": ' + b"[" * 3000 + b"]" * 3000 + b"}]"
+    for decode in (lambda: feed_whole(data), lambda: feed_split(data, 3000)):
+        with pytest.raises(ForwardDecodeError, match="invalid JSON: nested too deep"):
+            decode()
+
+
+# -- error reasons (issue #9: 10) --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "data, reason",
+    [
+        (b"\xc1", "invalid msgpack: FormatError (unexpected byte 0xc1 at offset 0)"),
+        (F1 + b"\x92\xa1t\xc1", f"invalid msgpack: FormatError (unexpected byte 0xc1 at offset {len(F1) + 3})"),
+        (b"\x91" * 1100, "invalid msgpack: StackError (nested more than 1024 levels deep)"),
+        (b"\x81\x92\x01\x02\x01", "invalid msgpack: unhashable type: 'list'"),
+        (
+            packed_message("t", entries_blob([T0, {"k": "v"}]) + b"\xc1"),
+            "PackedForward entries are not valid msgpack: FormatError (unexpected byte 0xc1 at offset 11)",
+        ),
+    ],
+    ids=["c1", "c1-after-a-message", "too-deep", "list-key", "packed-c1"],
+)
+def test_every_decode_error_says_what_was_wrong(data, reason):
+    for name, decode in feeding_ways(data):
+        with pytest.raises(ForwardDecodeError) as info:
+            decode()
+        assert info.value.reason == reason, name
+
+
+# -- pending bytes -----------------------------------------------------------------------
+
+
+def test_pending_bytes_counts_an_incomplete_message():
+    decoder = new_decoder()
+    assert decoder.pending_bytes == 0
+    decoder.feed(F1 + F3[:7])
+    assert decoder.pending_bytes == 7
+    decoder.feed(F3[7:])
+    assert decoder.pending_bytes == 0
+    json_decoder = new_decoder()
+    json_decoder.feed(JSON_MESSAGE[:10] + b"\xc3")  # and half of a two-byte character
+    assert json_decoder.pending_bytes == 11
+    json_decoder.feed(b"\xa9")
+    assert json_decoder.pending_bytes == 11  # now one character
+
+
+# -- deferred messages (issue #9: 4) -------------------------------------------------------
+
+
+BIG_EVENTS = [(T0 * NS + i, {"seq": i, "pad": "p" * 30}) for i in range(300)]
+
+
+def deferring_decoder(**limits: int) -> ForwardDecoder:
+    return ForwardDecoder(now_ns=lambda: NOW_NS, offload_bytes=1000, **limits)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        encode_forward("t", BIG_EVENTS, {"chunk": "c", "size": 300}),
+        encode_packed_forward("t", BIG_EVENTS, {"chunk": "c"}),
+        encode_packed_forward("t", BIG_EVENTS, {"chunk": "c"}, blob_as_bin=True),
+        encode_packed_forward("t", BIG_EVENTS, {"chunk": "c"}, compressed="gzip"),
+        encode_packed_forward("t", BIG_EVENTS, {"chunk": "c"}, compressed="zstd"),
+        json.dumps(["t", [[t // NS, r] for t, r in BIG_EVENTS], {"chunk": "c"}]).encode(),
+    ],
+    ids=["forward", "packed-str32", "packed-bin", "gzip", "zstd", "json"],
+)
+def test_big_messages_are_deferred_and_their_parts_add_up(data):
+    inline = only(feed_whole(data))
+    deferred = only(deferring_decoder().feed(data))
+    assert isinstance(deferred, DeferredMessage) and deferred.size_bytes == len(data)
+    assert deferred.decode() == inline
+    parts = list(deferred.parts(part_bytes=2000))
+    assert len(parts) > 2
+    assert [e for p in parts for e in p.events] == inline.events
+    assert all((p.tag, p.chunk, p.options) == (inline.tag, inline.chunk, inline.options) for p in parts)
+    assert [p.size_bytes for p in parts] == [len(data)] + [0] * (len(parts) - 1)
+    # A resend is split the same way (the parts' dedupe keys depend on it).
+    again = list(only(deferring_decoder().feed(data)).parts(part_bytes=2000))
+    assert [len(p.events) for p in again] == [len(p.events) for p in parts]
+
+
+def test_small_messages_are_not_deferred():
+    small = encode_packed_forward("t", BIG_EVENTS[:3], compressed="gzip")
+    assert isinstance(only(deferring_decoder().feed(small)), EventMessage)
+    assert isinstance(only(deferring_decoder().feed(F1)), EventMessage)
+
+
+def test_a_small_blob_that_inflates_big_is_deferred():
+    entries = raw_entries([(T0 * NS, {"pad": "p" * 30})] * 300)
+    data = packed_message("t", gzip.compress(entries), {"compressed": "gzip"})
+    assert len(data) < 1000 < len(entries)
+    assert isinstance(only(deferring_decoder().feed(data)), DeferredMessage)
+
+
+@pytest.mark.parametrize(
+    "blob, options, reason",
+    [
+        (gzip.compress(b"\x00" * 100_000), {"compressed": "gzip"}, "max_decompressed_bytes"),
+        (gzip.compress(raw_entries(BIG_EVENTS))[:-6], {"compressed": "gzip"}, "bad gzip"),
+        (raw_entries(BIG_EVENTS)[:-3], {}, "truncated"),
+        (raw_entries(BIG_EVENTS) + b"\xc1", {}, "FormatError (unexpected byte 0xc1"),
+    ],
+    ids=["bomb", "truncated-gzip", "truncated-entries", "garbage-entries"],
+)
+def test_a_bad_deferred_message_yields_no_part(blob, options, reason):
+    data = packed_message("t", blob, {**options, "chunk": "c"})
+    deferred = only(deferring_decoder(max_decompressed_bytes=50_000).feed(data))
+    parts = deferred.parts(part_bytes=1000)
+    with pytest.raises(ForwardDecodeError, match=reason.replace("(", r"\(")):
+        next(parts)
+
+
+def test_an_unknown_compression_is_refused_by_feed_even_for_a_big_blob():
+    data = packed_message("t", raw_entries(BIG_EVENTS), {"compressed": "lz4"})
+    with pytest.raises(ForwardDecodeError, match="'lz4'"):
+        deferring_decoder().feed(data)
+
+
+def test_deferred_message_framing_agrees_every_way():
+    data = F1 + encode_packed_forward("t", BIG_EVENTS, compressed="gzip") + F5
+    results = []
+    for name, pieces in [("whole", [data]), ("bytewise", [data[i : i + 1] for i in range(len(data))])]:
+        decoder = deferring_decoder()
+        frames = [f for piece in pieces for f in decoder.feed(piece)]
+        results.append([f.decode() if isinstance(f, DeferredMessage) else f for f in frames])
+    assert results[0] == results[1] and len(results[0]) == 3

@@ -320,8 +320,10 @@ def _too_big(limit: int) -> ForwardDecodeError:
     return ForwardDecodeError(f"decompressed entries exceed max_decompressed_bytes ({limit})")
 
 
-def _inflated_pieces(blob: bytes, compressed: Any, limit: int) -> Iterator[bytes]:
-    """The entries of a PackedForward blob in pieces of at most 1 MiB, never more than ``limit``.
+def _inflated_pieces(
+    blob: bytes, compressed: Any, limit: int, step: int = _DECOMPRESS_STEP_BYTES
+) -> Iterator[bytes]:
+    """The entries of a PackedForward blob in pieces of at most ``step``, never more than ``limit``.
 
     An unknown ``compressed`` option is refused here at once; bad compressed data only
     as the pieces are read.
@@ -329,11 +331,11 @@ def _inflated_pieces(blob: bytes, compressed: Any, limit: int) -> Iterator[bytes
     if compressed is None or compressed == "text":
         return _slices(blob)
     if compressed == "gzip":
-        return _gunzip_pieces(blob, limit)
+        return _gunzip_pieces(blob, limit, step)
     if compressed == "zstd":
         if zstandard is None:
             raise ForwardDecodeError("compressed 'zstd' needs the zstandard package (not installed)")
-        return _unzstd_pieces(blob, limit)
+        return _unzstd_pieces(blob, limit, step)
     raise ForwardDecodeError(f"unknown compressed option {compressed!r}")
 
 
@@ -343,7 +345,7 @@ def _slices(blob: bytes) -> Iterator[memoryview]:
         yield view[start : start + _DECOMPRESS_STEP_BYTES]
 
 
-def _gunzip_pieces(blob: bytes, limit: int) -> Iterator[bytes]:
+def _gunzip_pieces(blob: bytes, limit: int, step: int) -> Iterator[bytes]:
     """Inflate one or more concatenated gzip members (compressable.rb concatenates them)."""
     view = memoryview(blob)
     position = 0  # of the blob's next byte not yet handed to zlib
@@ -358,7 +360,7 @@ def _gunzip_pieces(blob: bytes, limit: int) -> Iterator[bytes]:
                     break
                 pending = view[position : position + _INFLATE_INPUT_BYTES]
                 position += len(pending)
-            piece = inflater.decompress(pending, min(limit - total + 1, _DECOMPRESS_STEP_BYTES))
+            piece = inflater.decompress(pending, min(limit - total + 1, step))
             in_member = True
             total += len(piece)
             if total > limit:
@@ -377,7 +379,7 @@ def _gunzip_pieces(blob: bytes, limit: int) -> Iterator[bytes]:
         raise ForwardDecodeError("bad gzip data: truncated member")
 
 
-def _unzstd_pieces(blob: bytes, limit: int) -> Iterator[bytes]:
+def _unzstd_pieces(blob: bytes, limit: int, step: int) -> Iterator[bytes]:
     """Inflate concatenated zstd frames.
 
     zstandard's stream reader does not report a truncated last frame; a cut inside an
@@ -387,7 +389,7 @@ def _unzstd_pieces(blob: bytes, limit: int) -> Iterator[bytes]:
     try:
         with zstandard.ZstdDecompressor().stream_reader(blob, read_across_frames=True) as reader:
             while True:
-                piece = reader.read(min(limit - total + 1, _DECOMPRESS_STEP_BYTES))
+                piece = reader.read(min(limit - total + 1, step))
                 if not piece:
                     break
                 total += len(piece)
@@ -462,11 +464,13 @@ class _MsgpackFramer:
         """Yield ``(object, wire_size)`` for each message completed by ``data``."""
         unpacker = self._unpacker
         while data:
-            # The unpacker raises BufferFull when its unparsed bytes would pass
-            # max_buffer_size, even if they hold many small messages: feed only what fits
-            # and drain between feeds. Bytes of a half-parsed message count as parsed in
-            # tell(), so the room is measured from there.
-            room = self._limit - (self._fed - unpacker.tell())
+            # Never hand the unpacker more than the rest of the current message's
+            # allowance: it then never sees a byte past the limit, so a message is refused
+            # as oversize at its (limit+1)th byte however the stream was split, never for
+            # what a later byte would have shown; and its buffer (max_buffer_size) never
+            # fills. Messages completed by a piece advance the start, so the next piece
+            # gets a fresh allowance.
+            room = self._limit - (self._fed - self._message_start)
             if room <= 0:
                 raise _oversize(self._limit)
             if len(data) <= room:
@@ -618,15 +622,56 @@ def _json_int(text: str) -> int | str:
 
 
 _JSON_PARSER = json.JSONDecoder(parse_int=_json_int)
+# A \uD800-\uDFFF escape: paired ones make one character, a lone one a lone surrogate.
+_JSON_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+# Lone surrogates no UTF-8 can hold; U+DC80-U+DCFF are left alone: they are bytes that were
+# not UTF-8 (surrogateescape), written back unchanged.
+_UNSTORABLE_SURROGATE = re.compile("[\ud800-\udc7f\udd00-\udfff]")
 
 
 def _parse_json(value_text: str) -> Any:
     try:
-        return _JSON_PARSER.decode(value_text)
+        value = _JSON_PARSER.decode(value_text)
     except ValueError as exc:  # JSONDecodeError and its kin
         raise ForwardDecodeError(f"invalid JSON: {exc}") from exc
     except RecursionError as exc:
         raise ForwardDecodeError("invalid JSON: nested too deep") from exc
+    if _JSON_SURROGATE_ESCAPE.search(value_text):
+        value = _replace_lone_surrogates(value)
+    return value
+
+
+def _replace_lone_surrogates(value: Any) -> Any:
+    """``value`` with U+FFFD for every lone surrogate a JSON escape made, in strings and keys.
+
+    Such a string cannot be stored (the spool and the lake write UTF-8) or echoed in an
+    ack. Only text that holds such an escape comes here. Iterative: the parser allows
+    nesting as deep as the recursion limit.
+    """
+
+    def fixed(item: Any) -> Any:
+        return _UNSTORABLE_SURROGATE.sub("\ufffd", item) if type(item) is str else item
+
+    root = [value]
+    stack: list[Any] = [root]
+    while stack:
+        container = stack.pop()
+        if type(container) is list:
+            for index, item in enumerate(container):
+                if type(item) in (list, dict):
+                    stack.append(item)
+                else:
+                    container[index] = fixed(item)
+        else:
+            items = list(container.items())
+            container.clear()
+            for key, item in items:
+                if type(item) in (list, dict):
+                    stack.append(item)
+                else:
+                    item = fixed(item)
+                container[fixed(key)] = item
+    return root[0]
 
 
 # -- the decoder -------------------------------------------------------------------------
@@ -864,7 +909,9 @@ class ForwardDecoder:
         if compressed is not None and compressed != "text":
             inflated = []
             total = 0
-            for piece in _inflated_pieces(blob, compressed, limit):
+            # Steps no bigger than the budget: feed inflates at most offload_bytes + 1.
+            step = _DECOMPRESS_STEP_BYTES if offload is None else min(_DECOMPRESS_STEP_BYTES, offload + 1)
+            for piece in _inflated_pieces(blob, compressed, limit, step):
                 total += len(piece)
                 if offload is not None and total > offload:
                     return deferred  # too big to finish here: the parts start over from the blob
