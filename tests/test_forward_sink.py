@@ -740,3 +740,26 @@ def test_without_heartbeats_a_down_server_is_tried_again_after_recover_wait(tmp_
     primary = h.accept()
     primary.ack(*primary.read())
     assert h.sink.cursor == 300
+
+
+def test_acks_before_undecodable_bytes_still_count(tmp_path):
+    h = Harness(tmp_path, servers=[{"host": "a", "port": 1}, {"host": "b", "port": 2, "standby": True}])
+    h.feed("t", h.events(1))
+    h.feed("t", h.events(1, 1))
+    server = h.accept()
+    first, second = server.read()
+    server.client.dataReceived(encode_ack(first.chunk) + b"\xc1")  # an ack, then bytes no msgpack has
+    assert server.aborted and "bad reply from server" in server.client.failed_reason
+    assert h.sink.cursor == 100
+    server.close()
+    standby = h.accept()
+    assert ids(standby.read()) == [second.chunk]
+
+
+def test_a_deeply_nested_reply_is_reported_not_crashed_on(tmp_path):
+    h = Harness(tmp_path)
+    h.feed("t", h.events(1))
+    server = h.accept()
+    server.read()
+    server.client.dataReceived(b"\x91" * 500 + b"\xc0")  # [[[…nil…]]], 500 deep
+    assert server.aborted and "unexpected reply from server" in server.client.failed_reason

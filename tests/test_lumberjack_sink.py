@@ -644,3 +644,14 @@ def test_tls_connection_creators(tmp_path):
     options["verify_hostname"] = False
     creator = client_tls_options("localhost", options)
     assert isinstance(creator, ssl.CertificateOptions) and creator.verify  # chain still checked
+
+
+def test_acks_before_undecodable_bytes_still_count(log_lines):
+    h = Harness()
+    h.record(3)
+    conn = h.connect()
+    conn.sent()
+    conn.client.dataReceived(lj.encode_ack(3) + b"2X")  # an ack, then an unknown frame type
+    assert conn.aborted and h.sink.failing
+    assert h.sink.cursor == h.end  # the acked window is done: not sent again
+    assert any("protocol error from a:5044" in l for l in log_lines)

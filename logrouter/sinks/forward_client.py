@@ -143,13 +143,14 @@ class ForwardClient(protocol.Protocol):
     def dataReceived(self, data: bytes) -> None:
         if self.state == "closed" or self.failed_reason is not None:
             return
+        problem = None
         try:
             messages = self.replies.feed(data)
         except wire.ReplyError as e:
-            self.fail(f"bad reply from server: {e.reason}")
-            return
+            # Acks that arrived before the bad bytes still count: those chunks are not resent.
+            messages = e.messages
+            problem = f"bad reply from server: {e.reason}"
         acked: list[_Chunk] = []
-        problem = None
         for message in messages:
             if self.state == "handshake":
                 if not self._handshake_step(message):
@@ -160,7 +161,7 @@ class ForwardClient(protocol.Protocol):
                 if type(message) is list and message and handshake.raw_bytes(message[0]) == b"HELO":
                     problem = "the server sent HELO: it requires the shared-key handshake (set shared_key)"
                 else:
-                    problem = f"unexpected reply from server: {message!r:.80}"
+                    problem = f"unexpected reply from server: {handshake.shown(message)}"
                 break
             chunk = self.inflight.pop(chunk_id, None)
             if chunk is None:

@@ -287,11 +287,11 @@ class LumberjackClient(protocol.Protocol):
         self.decoder = wire.AckDecoder()
 
     def dataReceived(self, data: bytes) -> None:
+        bad = None
         try:
             acks = self.decoder.feed(data)
         except DecodeError as e:
-            self.sink._protocol_error(self, f"protocol error from {self.address}: {e.reason}")
-            return
+            acks, bad = e.messages, e.reason  # acks before the bad bytes still count
         for ack in acks:
             if self.sink.client is not self:
                 return
@@ -299,6 +299,8 @@ class LumberjackClient(protocol.Protocol):
                 self.sink._protocol_error(self, f"protocol error from {self.address}: a v{ack.version} ACK on a v2 connection")
                 return
             self.sink._ack(self, ack.seq)
+        if bad is not None and self.sink.client is self:
+            self.sink._protocol_error(self, f"protocol error from {self.address}: {bad}")
 
     def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
         self.sink._lost(self, reason)
