@@ -26,7 +26,7 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 
-from logrouter.sources.fluent_forward import FluentForwardSource, part_key
+from logrouter.sources.fluent_forward import part_key
 from logrouter.sources.offload import IteratorRun, OffloadPool
 from logrouter.wire.fluent_forward import encode_forward, encode_packed_forward
 from test_forward_source_protocol import FakePort, connect, logs, make_source, take  # noqa: F401 (fixture)

@@ -1,6 +1,6 @@
 """The ``fluent_forward`` source: Fluentd's forward protocol (in_forward's server side).
 
-Each decoded message becomes one batch. When the client asked for an ack (option
+Each decoded message becomes one batch (a big one several, see below). When the client asked for an ack (option
 ``chunk``), ``{"ack": chunk}`` is sent with the chunk's bytes exactly as received, and
 only after the batch is durable in the spool.
 
@@ -24,10 +24,11 @@ held; its later messages wait behind it in order, other connections go on. Each 
 one batch, so neither memory nor one spool record holds the whole message, and the next
 part is only built once the one before the previous is durable and the router is not
 pushing back. The ack goes out once every part is durable. A part's dedupe key is the
-chunk id for part 0 and ``chunk + b"\0part N"`` after it: a message resent after a crash
+chunk id for part 0 and ``chunk + b"\\0part N"`` after it: a message resent after a crash
 between parts is split the same way, so the parts already stored are recognised and only
 the rest is stored (changing ``offload_bytes`` or ``offload_part_bytes`` between the two
-sends can store such a message twice). A graceful stop finishes messages already
+sends can store such a message twice). A message found bad in the worker (a bomb, corrupt
+data) closes its connection like any bad input, before any of it is stored. A graceful stop finishes messages already
 received before it closes their connections; a connection that closes meanwhile gets its
 message dropped after the part being built (parts already stored stay; no ack, so the
 client resends).
