@@ -21,6 +21,9 @@ def _samples(router: Any) -> Iterator[tuple[str, str, dict[str, str], float]]:
     yield "logrouter_spool_size_bytes", "gauge", {}, router.spool.size_bytes
     yield "logrouter_spool_torn_tails_total", "counter", {}, router.spool.torn_tails
     yield "logrouter_spool_quarantined_total", "counter", {}, router.spool.quarantined
+    yield "logrouter_spool_missing_ranges_total", "counter", {}, router.spool.missing_ranges
+    yield "logrouter_spool_write_errors_total", "counter", {}, router.spool.write_errors
+    yield "logrouter_spool_failing", "gauge", {}, int(router.spool_failing)
     yield "logrouter_duplicates_total", "counter", {}, router.duplicates
     yield "logrouter_sources_paused", "gauge", {}, int(router.paused)
     yield "logrouter_sources_pauses_total", "counter", {}, router.pauses

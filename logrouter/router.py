@@ -495,6 +495,7 @@ class Router:
         commit record would write again what it had already published).
         """
         self.stop_requested = True
+        stop_began = self.reactor.seconds()
         if self._starting is not None:
             yield defer.DeferredList([self._starting], consumeErrors=True)
         if self._spool_retry_call is not None and self._spool_retry_call.active():
@@ -507,7 +508,13 @@ class Router:
         except Exception:
             # A disk that refuses the final fsync: what was acked was fsync'd before its ack.
             self.log.failure("closing the spool failed")
-        yield self._drain(float(self.config.router["shutdown_timeout_secs"]) * DRAIN_SHARE)
+        limit = float(self.config.router["shutdown_timeout_secs"])
+        if limit:
+            # The sinks' share of the stop is what is left of it after the sources drained.
+            spent = self.reactor.seconds() - stop_began
+            yield self._drain(max(0.001, limit * DRAIN_SHARE - spent))
+        else:
+            yield self._drain(0)
         self.stopping = True
         reads = [feed.reading for feed in self.feeds.values() if feed.reading is not None]
         if reads:

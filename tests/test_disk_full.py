@@ -23,6 +23,9 @@ from helpers import lake_column
 from logrouter.wire.fluent_forward import encode_forward
 
 CONFIG = """
+[router]
+metrics_listen = "tcp:0:interface=127.0.0.1"
+
 [spool]
 path = "{spool}"
 segment_bytes = 1048576
@@ -117,6 +120,8 @@ def test_a_full_spool_disk_withholds_acks_and_recovers_by_itself(tmp_path, small
         send_until(client, port, lambda: bool(client.unacked), 30)
         daemon.wait_for(r"spool write failed|could not be stored", timeout=30)
         assert client.unacked, "a chunk was acked although the spool disk is full"
+        metrics = daemon.metrics()
+        assert metrics["logrouter_spool_write_errors_total"] >= 1
         acked_while_full = len(client.acked) - before  # those fitted before the disk was full
         # Senders without acks keep writing into the full disk: far more than the spool's
         # bound for bytes waiting to be written (64 MiB) fails, and none of it may stick.
