@@ -32,6 +32,19 @@ def wait_until(predicate: Callable[[], bool], timeout: float, what: str) -> None
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+def spin(reactor, d, timeout: float = 30):
+    """Iterate the global reactor until ``d`` fires (for code that runs real threads); its result."""
+    result: list = []
+    d.addBoth(result.append)
+    deadline = reactor.seconds() + timeout
+    while not result and reactor.seconds() < deadline:
+        reactor.iterate(0.01)
+    assert result, "Deferred did not fire in time"
+    if hasattr(result[0], "raiseException"):
+        result[0].raiseException()
+    return result[0]
+
+
 def scrape(port: int) -> dict[str, float]:
     """The daemon's /metrics as ``{'name{labels}': value}``."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:

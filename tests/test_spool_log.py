@@ -7,6 +7,7 @@ import os
 import pytest
 from twisted.internet import defer
 
+from helpers import spin
 from logrouter.spool.log import SpoolLog, list_segments
 from logrouter.spool.segment import HEADER_SIZE, Damage, Record, frame, walk
 
@@ -19,16 +20,7 @@ def reactor():
 
 
 def run(reactor, d: defer.Deferred, timeout: float = 30):
-    """Spin the global reactor until ``d`` fires (the spool runs real threads)."""
-    result: list = []
-    d.addBoth(result.append)
-    deadline = reactor.seconds() + timeout
-    while not result and reactor.seconds() < deadline:
-        reactor.iterate(0.01)
-    assert result, "Deferred did not fire in time"
-    if hasattr(result[0], "raiseException"):
-        result[0].raiseException()
-    return result[0]
+    return spin(reactor, d, timeout)
 
 
 def fill(reactor, path, payloads, **options) -> SpoolLog:

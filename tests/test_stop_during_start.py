@@ -18,7 +18,7 @@ from twisted.internet import defer
 
 from chunk_client import EVENTS_PER_CHUNK, chunk_message, expected_ids
 from daemon import Daemon
-from helpers import lake_column, recv_exactly
+from helpers import lake_column, recv_exactly, spin
 from logrouter.config.load import load_string
 from logrouter.router import Router
 from logrouter.wire.fluent_forward import encode_ack
@@ -55,15 +55,7 @@ def reactor():
 
 
 def run(reactor, d: defer.Deferred, timeout: float = 60):
-    result: list = []
-    d.addBoth(result.append)
-    deadline = reactor.seconds() + timeout
-    while not result and reactor.seconds() < deadline:
-        reactor.iterate(0.01)
-    assert result, "Deferred did not fire in time"
-    if hasattr(result[0], "raiseException"):
-        result[0].raiseException()
-    return result[0]
+    return spin(reactor, d, timeout)
 
 
 def send_chunks(port: int, chunks: range) -> None:
