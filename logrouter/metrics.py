@@ -25,6 +25,7 @@ def _samples(router: Any) -> Iterator[tuple[str, str, dict[str, str], float]]:
     yield "logrouter_spool_write_errors_total", "counter", {}, router.spool.write_errors
     yield "logrouter_spool_failing", "gauge", {}, int(router.spool_failing)
     yield "logrouter_duplicates_total", "counter", {}, router.duplicates
+    yield "logrouter_unstorable_batches_total", "counter", {}, router.unstorable_batches
     yield "logrouter_sources_paused", "gauge", {}, int(router.paused)
     yield "logrouter_sources_pauses_total", "counter", {}, router.pauses
     paused = router.paused_secs + (router.reactor.seconds() - router._paused_at if router.paused else 0)
@@ -35,7 +36,10 @@ def _samples(router: Any) -> Iterator[tuple[str, str, dict[str, str], float]]:
         yield "logrouter_source_connections_total", "counter", labels, source.connections_total
         yield "logrouter_source_decode_errors_total", "counter", labels, source.decode_errors
         # Counters only some protocols have (TLS, handshake, heartbeats, …).
-        for attribute in ("invalid_events", "tls_errors", "auth_failures", "size_mismatches", "heartbeats"):
+        for attribute in (
+            "invalid_events", "tls_errors", "auth_failures", "size_mismatches", "heartbeats",
+            "offloaded_messages", "offloaded_parts",
+        ):
             if hasattr(source, attribute):
                 yield f"logrouter_source_{attribute}_total", "counter", labels, getattr(source, attribute)
         # Stream sources: connections refused by a cap, and why each accepted one ended.

@@ -27,6 +27,7 @@ from logrouter.config.load import Config
 from logrouter.errors import LoggedErrors
 from logrouter.sinks.state import SinkState
 from logrouter.spool.log import SpoolLog
+from logrouter.spool.segment import MAX_PAYLOAD
 from logrouter.spool.record import decode_batch, decode_key, encode_batch
 
 READ_CHUNK_BYTES = 4 << 20
@@ -35,6 +36,10 @@ MAX_UNWRITTEN_BYTES = 64 << 20  # appended but not yet written by the spool's wo
 DRAIN_SHARE = 0.8  # of shutdown_timeout_secs, for sinks to catch up before they commit
 DEDUPE_SNAPSHOT_SECS = 10.0
 SPOOL_RETRY_SECS = (1.0, 30.0)  # first and longest pause after the spool's disk refused a write
+
+
+class UnstorableBatch(ValueError):
+    """A batch the spool cannot hold (it cannot be encoded, or is too large): refused, never acked."""
 
 
 class FilterNode:
@@ -122,6 +127,7 @@ class Router:
         self.batches_in = 0
         self.events_in = 0
         self.duplicates = 0
+        self.unstorable_batches = 0
         self.paused = False
         self.paused_secs = 0.0
         self.pauses = 0
@@ -172,10 +178,20 @@ class Router:
             if again is not None:
                 self.duplicates += 1
                 return again
+        try:
+            payload = encode_batch(batch, dedupe_key)
+        except Exception as e:  # noqa: BLE001 - e.g. a record nested deeper than msgpack packs
+            self.unstorable_batches += 1
+            return defer.fail(UnstorableBatch(f"batch cannot be stored: {type(e).__name__}: {e}"))
+        if len(payload) > MAX_PAYLOAD:
+            # A bigger record could not be read back: refuse it (this sender only) rather
+            # than ack what the spool would later set aside as damage.
+            self.unstorable_batches += 1
+            return defer.fail(UnstorableBatch(f"batch of {len(payload)} bytes exceeds the spool's record limit ({MAX_PAYLOAD})"))
+        if dedupe_key is not None:
             self.dedupe.begin(dedupe_key)
         self.batches_in += 1
         self.events_in += len(batch.events)
-        payload = encode_batch(batch, dedupe_key)
         durability = self.durability.get(batch.source) or self.spool.durability
         d = self.spool.append(payload, durability)
         d.addCallbacks(self._route_live, self._spool_failed, (batch, len(payload), dedupe_key))

@@ -167,6 +167,7 @@ def stub_router(*sources):
     return SimpleNamespace(
         batches_in=0, events_in=0, spool=spool, backlog_bytes=lambda: 0, duplicates=0, paused=False,
         pauses=0, paused_secs=0.0, reactor=sources[0].reactor, _paused_at=0.0, spool_failing=False,
+        unstorable_batches=0,
         sources={f"in{i}": source for i, source in enumerate(sources)},
         errors=SimpleNamespace(counts={}), sinks={}, feeds={},
     )
