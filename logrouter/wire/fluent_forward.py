@@ -815,7 +815,7 @@ class ForwardDecoder:
         self.json_mode = False  # decided by the connection's first byte
         self._now_ns = now_ns
         self._framer: _MsgpackFramer | _JsonFramer | None = None
-        self._failure: ForwardDecodeError | None = None
+        self._failure: str | None = None  # the reason only: the error's traceback holds buffers
 
     @property
     def pending_bytes(self) -> int:
@@ -824,7 +824,7 @@ class ForwardDecoder:
 
     def feed(self, data: bytes) -> list[EventMessage | Heartbeat | DeferredMessage]:
         if self._failure is not None:
-            raise ForwardDecodeError(f"decoder already failed: {self._failure.reason}")
+            raise ForwardDecodeError(f"decoder already failed: {self._failure}")
         if self._framer is None:
             if not data:
                 return []
@@ -836,7 +836,8 @@ class ForwardDecoder:
                 messages.append(interpret(obj, size))
         except ForwardDecodeError as error:
             if error.fatal:
-                self._failure = error
+                self._failure = error.reason
+                self._framer = None  # nothing more is decoded: let its buffers go
             error.messages = messages
             raise
         return messages
