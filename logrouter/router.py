@@ -165,15 +165,21 @@ class Router:
 
     # -- taking batches in --------------------------------------------------------------
 
-    def ingest(self, batch: Batch, key: bytes | None = None) -> defer.Deferred:
+    def ingest(self, batch: Batch, key: bytes | None = None, *, writer: tuple[bytes, int] | None = None) -> defer.Deferred:
         """Store ``batch``; the Deferred fires once it is durable (then it is routed).
 
-        ``key`` is the client's id for this batch (a forward ``chunk``): a batch whose
-        id is already stored, or being stored, is acked without being stored again.
+        Idempotency: ``key`` is the client's id for this batch (a forward ``chunk``, a Log
+        Courier nonce): a batch whose id is already stored, or being stored, is acked
+        without being stored again. ``writer`` is ``(writer id, number of the batch's last
+        event)`` for senders that number their events (Pravega): a batch not numbered
+        above what its writer already stored is acked without being stored again.
         """
-        dedupe_key = None
-        if key is not None:
+        dedupe_key: tuple | None = None
+        if writer is not None:
+            dedupe_key = (batch.source, writer[0], writer[1])
+        elif key is not None:
             dedupe_key = (batch.source, key)
+        if dedupe_key is not None:
             again = self.dedupe.lookup(dedupe_key)
             if again is not None:
                 self.duplicates += 1
@@ -202,6 +208,10 @@ class Router:
             d.addErrback(lambda f: self.log.failure("spool write failed", f))
             return defer.succeed(None)
         return d
+
+    def last_event_number(self, source: str, writer: bytes) -> int | None:
+        """The number of the last event stored for ``writer`` of ``source`` (survives restarts)."""
+        return self.dedupe.last_event_number(source, writer)
 
     def _not_stored(self, failure: Any, key: dedupe.Key) -> Any:
         self.dedupe.abandon(key, failure)
@@ -376,7 +386,9 @@ class Router:
                 self._save_snapshot()
                 return  # trimmed once the snapshot is on disk
             self.spool.delete_before(min(cursor, self._snapshot_position))
-        elif self.reactor.seconds() - self._snapshot_saved_at > DEDUPE_SNAPSHOT_SECS and self.dedupe.done:
+        elif self.reactor.seconds() - self._snapshot_saved_at > DEDUPE_SNAPSHOT_SECS and (
+            self.dedupe.done or self.dedupe.writers
+        ):
             self._save_snapshot()
 
     def _save_snapshot(self) -> defer.Deferred:
@@ -384,8 +396,9 @@ class Router:
             return self._snapshot
         position = self.routed_end
         entries = list(self.dedupe.done.items())
+        writers = list(self.dedupe.writers.items())
         self._snapshot_saved_at = self.reactor.seconds()
-        d = threads.deferToThread(dedupe.save_snapshot, self.dedupe_path, entries, position)
+        d = threads.deferToThread(dedupe.save_snapshot, self.dedupe_path, entries, position, writers)
 
         def saved(_: Any) -> None:
             self._snapshot = None
@@ -544,5 +557,9 @@ class Router:
             yield self._snapshot
         if self._snapshot_loaded:
             yield threads.deferToThread(
-                dedupe.save_snapshot, self.dedupe_path, list(self.dedupe.done.items()), self.routed_end
+                dedupe.save_snapshot,
+                self.dedupe_path,
+                list(self.dedupe.done.items()),
+                self.routed_end,
+                list(self.dedupe.writers.items()),
             )

@@ -3,8 +3,11 @@
 msgpack, because the events came in as msgpack-shaped values and the C packer is the
 cheapest way back to bytes. Strings may carry lone surrogates (invalid UTF-8 received
 inside msgpack str); ``surrogateescape`` writes and reads those bytes back unchanged.
-The optional id (``[source, chunk]``) is what lets retransmissions be recognised after
-a restart (see ``logrouter.dedupe``).
+The optional idempotency key is what lets retransmissions be recognised after a restart
+(see ``logrouter.dedupe``): ``[source, batch id]`` or ``[source, writer, event number]``.
+
+Versions: 1 knew batch ids only; 2 adds writer keys. Both are read, so a spool written
+before an upgrade still replays.
 """
 
 from __future__ import annotations
@@ -13,31 +16,35 @@ import msgpack
 
 from logrouter.batch import Batch
 
-VERSION = 1
+VERSION = 2
+READABLE_VERSIONS = (1, 2)
 _PACK = {"use_bin_type": True, "unicode_errors": "surrogateescape"}
 _UNPACK = {"raw": False, "unicode_errors": "surrogateescape", "strict_map_key": False, "use_list": True}
 
 
-def encode_batch(batch: Batch, key: tuple[str, bytes] | None = None) -> bytes:
+def encode_batch(batch: Batch, key: tuple | None = None) -> bytes:
     return msgpack.packb((VERSION, batch.source, batch.tag, batch.events, key), **_PACK)
 
 
-def decode_batch(payload: bytes) -> tuple[Batch, tuple[str, bytes] | None]:
+def _key(key: list | None) -> tuple | None:
+    return None if key is None else tuple(key)
+
+
+def decode_batch(payload: bytes) -> tuple[Batch, tuple | None]:
     version, source, tag, events, key = msgpack.unpackb(payload, **_UNPACK)
-    if version != VERSION:
+    if version not in READABLE_VERSIONS:
         raise ValueError(f"unknown spool record version {version}")
     # Events come back as [time_ns, record] lists; they unpack like the tuples sources build.
-    return Batch(tag, events, source), (None if key is None else (key[0], key[1]))
+    return Batch(tag, events, source), _key(key)
 
 
-def decode_key(payload: bytes) -> tuple[str, bytes] | None:
-    """Only the client id of a record, without building its events."""
+def decode_key(payload: bytes) -> tuple | None:
+    """Only the idempotency key of a record, without building its events."""
     unpacker = msgpack.Unpacker(**_UNPACK)
     unpacker.feed(payload)
     unpacker.read_array_header()
-    if unpacker.unpack() != VERSION:
+    if unpacker.unpack() not in READABLE_VERSIONS:
         return None
     for _ in range(3):
         unpacker.skip()
-    key = unpacker.unpack()
-    return None if key is None else (key[0], key[1])
+    return _key(unpacker.unpack())

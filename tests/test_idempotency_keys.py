@@ -1,0 +1,118 @@
+"""Idempotency keys: batch ids and writer sequences, stored once, remembered across restarts."""
+
+from __future__ import annotations
+
+import msgpack
+import pytest
+from twisted.python.failure import Failure
+
+from helpers import spin
+from logrouter import dedupe
+from logrouter.batch import Batch
+from logrouter.config.load import load_string
+from logrouter.router import Router
+from logrouter.spool.record import decode_batch, decode_key, encode_batch
+
+
+def make_router(path):
+    from twisted.internet import reactor
+
+    router = Router(load_string(f'[spool]\npath = "{path}/spool"\n'), reactor)
+    router.spool.open()
+    return router
+
+
+def reopen(router, path):
+    """A clean stop's snapshot, then a new router that reads the window back."""
+    from twisted.internet import reactor
+
+    spin(reactor, router.spool.close())
+    dedupe.save_snapshot(
+        router.dedupe_path, list(router.dedupe.done.items()), router.routed_end, list(router.dedupe.writers.items())
+    )
+    again = make_router(path)
+    again._load_dedupe()
+    return again
+
+
+def batch(n: int) -> Batch:
+    return Batch("t", [(1, {"n": n})], source="pravega")
+
+
+def test_a_writer_sequence_is_stored_once_and_its_last_number_survives_a_restart(tmp_path):
+    from twisted.internet import reactor
+
+    router = make_router(tmp_path)
+    assert router.last_event_number("pravega", b"w1") is None
+    spin(reactor, router.ingest(batch(1), writer=(b"w1", 10)))
+    spin(reactor, router.ingest(batch(2), writer=(b"w1", 20)))
+    events = router.events_in
+    # Resends of what was stored: acked without storing; a new number is stored.
+    spin(reactor, router.ingest(batch(2), writer=(b"w1", 20)))
+    spin(reactor, router.ingest(batch(1), writer=(b"w1", 10)))
+    assert router.events_in == events and router.duplicates == 2
+    spin(reactor, router.ingest(batch(3), writer=(b"w2", 5)))  # another writer is its own sequence
+    assert router.last_event_number("pravega", b"w1") == 20
+    assert router.last_event_number("other-source", b"w1") is None
+
+    again = reopen(router, tmp_path)
+    assert again.last_event_number("pravega", b"w1") == 20
+    assert again.last_event_number("pravega", b"w2") == 5
+    spin(reactor, again.ingest(batch(2), writer=(b"w1", 20)))
+    assert again.events_in == 0 and again.duplicates == 1
+    spin(reactor, again.spool.close())
+
+
+def test_writer_numbers_are_read_back_from_the_spool_without_a_snapshot(tmp_path):
+    from twisted.internet import reactor
+
+    router = make_router(tmp_path)
+    spin(reactor, router.ingest(batch(1), writer=(b"w1", 7)))
+    spin(reactor, router.ingest(batch(2), b"chunk-a"))
+    spin(reactor, router.spool.close())
+    again = make_router(tmp_path)
+    again._load_dedupe()
+    assert again.last_event_number("pravega", b"w1") == 7
+    assert again.dedupe.lookup(("pravega", b"chunk-a")) is not None
+    spin(reactor, again.spool.close())
+
+
+def test_a_resend_while_the_first_copy_is_stored_waits_for_it():
+    window = dedupe.DedupeWindow(10)
+    key = ("s", b"w", 5)
+    assert window.lookup(key) is None
+    window.begin(key)
+    earlier = window.lookup(("s", b"w", 3))  # covered by the batch being stored
+    assert earlier is not None and not earlier.called
+    assert window.lookup(("s", b"w", 6)) is None  # a later number is new
+    window.finish(key, 100)
+    assert earlier.called and window.last_event_number("s", b"w") == 5
+
+
+def test_an_abandoned_writer_batch_fails_its_waiters_and_can_be_sent_again():
+    window = dedupe.DedupeWindow(10)
+    key = ("s", b"w", 5)
+    window.begin(key)
+    waiter = window.lookup(key)
+    window.abandon(key, Failure(OSError("disk full")))
+    failures: list = []
+    waiter.addErrback(failures.append)
+    assert failures and window.lookup(key) is None
+
+
+def test_version_1_spool_records_and_snapshots_still_read(tmp_path):
+    old = msgpack.packb((1, "fwd", "t", [[1, {"a": 1}]], ["fwd", b"chunk"]), use_bin_type=True)
+    restored, key = decode_batch(old)
+    assert restored.tag == "t" and restored.events == [[1, {"a": 1}]] and key == ("fwd", b"chunk")
+    assert decode_key(old) == ("fwd", b"chunk")
+    assert decode_key(encode_batch(batch(1), ("pravega", b"w", 9))) == ("pravega", b"w", 9)
+    path = tmp_path / "dedupe.msgpack"
+    path.write_bytes(msgpack.packb([1, 123, [["fwd", b"c", 5]]]))
+    assert dedupe.load_snapshot(str(path)) == ([(("fwd", b"c"), 5)], 123)
+
+
+@pytest.mark.parametrize("damage", [b"", b"\xc1", msgpack.packb([2, 1]), msgpack.packb([9, 0, []])])
+def test_a_damaged_snapshot_only_weakens_deduplication(tmp_path, damage):
+    path = tmp_path / "dedupe.msgpack"
+    path.write_bytes(damage)
+    assert dedupe.load_snapshot(str(path)) == ([], 0)
