@@ -647,3 +647,24 @@ class StreamSource:
             self.paused = False
             for connection in self.connections:
                 connection.release_reading("backpressure")
+
+    # -- metrics (the source contract's samples(), see logrouter.sources.base) -----------
+
+    # Counters this class keeps, as attribute -> help; each is exported as
+    # logrouter_source_<attribute>_total. Protocol modules extend it with their own.
+    COUNTERS: dict[str, str] = {
+        "decode_errors": "connections closed for bad input",
+        "tls_errors": "TLS handshakes or connections that failed (e.g. a bad client certificate)",
+    }
+
+    def samples(self) -> Any:
+        """Connections open and accepted, the declared counters, refusals and closes by reason."""
+        labels = {"source": self.name, "type": self.TYPE}
+        yield "logrouter_source_connections", "gauge", labels, len(self.connections)
+        yield "logrouter_source_connections_total", "counter", labels, self.connections_total
+        for attribute in self.COUNTERS:
+            yield f"logrouter_source_{attribute}_total", "counter", labels, getattr(self, attribute)
+        for reason, count in self.refused.items():
+            yield "logrouter_source_connections_refused_total", "counter", {**labels, "reason": reason}, count
+        for reason, count in self.closed.items():
+            yield "logrouter_source_connections_closed_total", "counter", {**labels, "reason": reason}, count
