@@ -212,7 +212,7 @@ def test_ack_0_every_keepalive_interval_while_stored_events_wait():
     assert conn.acks() == [(2, 2)]
     clock.advance(60)
     assert conn.acks() == []  # nothing pending: no keepalive
-    assert conn.protocol.keepalive_call is None
+    assert conn.protocol.acks.keepalive_call is None
 
 
 def test_keepalive_counts_from_the_last_ack_written():
@@ -241,7 +241,7 @@ def test_keepalive_after_a_long_quiet_spell_waits_a_full_interval():
     assert conn.acks() == []
     clock.advance(0.1)
     assert conn.acks() == [(2, 0)]
-    assert conn.protocol.keepalives_sent == 1
+    assert conn.protocol.acks.keepalives_sent == 1
 
 
 def test_keepalive_off():
@@ -303,7 +303,7 @@ def test_stored_batches_after_a_close_send_nothing():
     conn = Conn(source)
     conn.send(window(docs(1)))
     conn.protocol.connectionLost(None)
-    assert conn.protocol.keepalive_call is None
+    assert conn.protocol.acks.keepalive_call is None
     router.fire(0)
     clock.advance(30)
     assert conn.transport.value() == b""

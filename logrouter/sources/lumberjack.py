@@ -30,7 +30,6 @@ may refer to event fields (``"beats.${@metadata.beat}"``, see ``TagTemplate``).
 from __future__ import annotations
 
 import calendar
-import collections
 import datetime
 import re
 from typing import Any, Callable
@@ -39,6 +38,7 @@ from logrouter import registry, tls
 from logrouter.batch import Batch
 from logrouter.config.endpoints import listen_option
 from logrouter.config.options import Option, non_negative, positive
+from logrouter.sources.acks import OrderedAcks
 from logrouter.sources.stream import StreamProtocol, StreamSource
 from logrouter.wire import lumberjack as wire
 
@@ -210,12 +210,15 @@ def check_tag(value: str) -> None:
 class LumberjackProtocol(StreamProtocol):
     def __init__(self, source: "LumberjackSource") -> None:
         super().__init__(source)
-        # Stored-or-being-stored steps in arrival order: [batches not yet durable, window, ack value].
-        self.unacked: collections.deque[list[int]] = collections.deque()
-        self.last_ack: tuple[int, int] | None = None  # (window, value) of the last ack written
-        self.idle_since = 0.0  # when an ack was last written, or waiting began
-        self.keepalive_call: Any = None
-        self.keepalives_sent = 0
+        # Steps in arrival order, keyed by window serial, valued by the highest seq they cover.
+        self.acks = OrderedAcks(
+            source.reactor,
+            self._write_acks,
+            self._encode_ack,
+            source.options["keepalive_secs"],
+            self._encode_keepalive,
+            also_waiting=self.stalled_by_us,
+        )
 
     def make_decoder(self) -> wire.LumberjackDecoder:
         options = self.source.options
@@ -241,8 +244,7 @@ class LumberjackProtocol(StreamProtocol):
                 missing=window.missing,
             )
         if window.size == 0:
-            self._enqueue([0, window.window, 0])
-            self._flush_acks()
+            self.acks.add(window.window, 0)  # A 0, after the windows before it
 
     def _events(self, message: wire.Events) -> None:
         source: LumberjackSource = self.source  # type: ignore[assignment]
@@ -256,80 +258,23 @@ class LumberjackProtocol(StreamProtocol):
                 reason=message.invalid_reason,
             )
         batches = source.batches(message.records, int(source.reactor.seconds() * NANOS))
-        step = [len(batches), message.window, message.ack_seq]
-        self._enqueue(step)
+        step = self.acks.add(message.window, message.ack_seq, len(batches))
         for batch in batches:
-            self._store(batch, step)
-        if not batches:
-            self._flush_acks()
+            self.submit(batch, self.acks.on_durable(step))
 
-    # -- storing and acknowledging -----------------------------------------------------
+    # -- acknowledging (logrouter.sources.acks) ------------------------------------------
 
-    def _store(self, batch: Batch, step: list[int]) -> None:
-        batch.source = self.source.name
-        d = self.source.router.ingest(batch)
-        self.pending.add(d)
-
-        def stored(_: Any) -> None:
-            self.pending.discard(d)
-            step[0] -= 1
-            if step[0] == 0:
-                self._flush_acks()
-
-        def failed(failure: Any) -> None:
-            self.pending.discard(d)
-            self._stop_keepalive()
-            self.store_failed(failure)  # the base's: logged, counted, aborted at once
-
-        d.addCallbacks(stored, failed)
-
-    def _enqueue(self, step: list[int]) -> None:
-        if not self.unacked:
-            self.idle_since = max(self.idle_since, self.source.reactor.seconds())
-        self.unacked.append(step)
-        self._start_keepalive()
-
-    def _flush_acks(self) -> None:
-        """Write the acks of every leading step that is durable, highest value per window."""
-        if self.closing:
-            return
-        unacked = self.unacked
-        frames = []
-        window = value = -1
-        while unacked and unacked[0][0] == 0:
-            _, step_window, step_value = unacked.popleft()
-            if step_window != window and window >= 0:
-                frames.append(self._ack(window, value))
-            window, value = step_window, step_value
-        if window >= 0:
-            frames.append(self._ack(window, value))
-        frames = [f for f in frames if f]
-        if frames:
-            self.transport.write(b"".join(frames))
-            self.idle_since = self.source.reactor.seconds()
-            self.resetTimeout()  # the client's turn starts now: idleness counts from here
-        if not unacked and not self.stalled_by_us():
-            self._stop_keepalive()
-
-    def _ack(self, window: int, value: int) -> bytes:
-        if self.last_ack == (window, value) and value:
-            return b""  # this exact progress was acknowledged already
-        self.last_ack = (window, value)
+    def _encode_ack(self, window: int, value: int) -> bytes:
         return wire.encode_ack(value, self.decoder.version or 2)
 
-    # -- keepalive (ACK 0) ---------------------------------------------------------------
+    def _encode_keepalive(self, window: Any, acked: int) -> bytes:
+        # Logstash writes '2' here even to v1 peers; the Node v1 client rejects that,
+        # so the connection's own version byte is used (protocols/lumberjack.md 9).
+        return wire.encode_ack(0, self.decoder.version or 2)
 
-    def _start_keepalive(self) -> None:
-        interval = self.source.options["keepalive_secs"]
-        if self.keepalive_call is None and interval > 0 and not self.closing:
-            delay = max(0.0, self.idle_since + interval - self.source.reactor.seconds())
-            self.keepalive_call = self.source.reactor.callLater(delay, self._keepalive)
-
-    def _stop_keepalive(self) -> None:
-        if self.keepalive_call is not None:
-            if self.keepalive_call.active():
-                self.keepalive_call.cancel()
-            self.keepalive_call = None
+    def _write_acks(self, data: bytes) -> None:
+        self.send(data)
+        self.resetTimeout()  # the client's turn starts now: idleness counts from here
 
     def stalled_by_us(self) -> bool:
         """Reading is paused (backpressure) while the client is in the middle of a window.
@@ -339,28 +284,23 @@ class LumberjackProtocol(StreamProtocol):
         """
         return self.source.paused and self.decoder.version == 2 and self.decoder.window_incomplete
 
-    def _keepalive(self) -> None:
-        self.keepalive_call = None
-        if self.closing or not (self.unacked or self.stalled_by_us()):
-            return
-        now = self.source.reactor.seconds()
-        if now - self.idle_since >= self.source.options["keepalive_secs"]:
-            # Logstash writes '2' here even to v1 peers; the Node v1 client rejects that,
-            # so the connection's own version byte is used (protocols/lumberjack.md 9).
-            self.transport.write(wire.encode_ack(0, self.decoder.version or 2))
-            self.keepalives_sent += 1
-            self.idle_since = now
-        self._start_keepalive()
-
     def timeoutConnection(self) -> None:
-        if (self.unacked or self.stalled_by_us()) and not self.closing:
+        if self.acks.waiting() and not self.closing:
             # The client is silent because it waits for our acks: not idle.
             self.setTimeout(self.source.options["idle_timeout_secs"])
             return
         super().timeoutConnection()
 
+    def store_failed(self, failure: Any) -> None:
+        self.acks.close()
+        super().store_failed(failure)  # logged, counted, aborted at once: the client resends
+
+    def close_now(self) -> None:
+        self.acks.close()
+        super().close_now()
+
     def connectionLost(self, reason: Any = None) -> None:
-        self._stop_keepalive()
+        self.acks.close()
         super().connectionLost(reason)
 
 
@@ -429,8 +369,7 @@ class LumberjackSource(StreamSource):
         super().pause_reading()
         for connection in self.connections:
             if connection.stalled_by_us():  # type: ignore[attr-defined]
-                connection.idle_since = self.reactor.seconds()  # type: ignore[attr-defined]
-                connection._start_keepalive()  # type: ignore[attr-defined]
+                connection.acks.wait_began()  # type: ignore[attr-defined]
 
     def endpoint(self) -> Any:
         return tls.server_endpoint(
