@@ -231,6 +231,36 @@ def test_events_before_the_handshake_are_refused(early, logs):
     assert any(line.startswith("fluent_forward 10.1.2.3:40000: handshake failed: invalid ping message (") for line in logs)
 
 
+def test_a_ping_dribbled_in_is_closed_by_the_frame_deadline(logs):
+    source, router = make_source(**SECURE, frame_timeout_secs=10)
+    proto, transport = connect(source)
+    _, ping, _ = handshake_ping(transport)
+    clock = source.reactor
+    for byte in ping[:40]:
+        if transport.disconnecting:
+            break
+        proto.dataReceived(bytes([byte]))  # each byte resets the idle timer, not the frame's clock
+        clock.advance(1)
+    assert transport.disconnecting and transport.value() == b""  # no PONG: the PING never completed
+    assert any(
+        line.startswith("fluent_forward 10.1.2.3:40000: ") and "slower than frame_timeout_secs (10s)" in line
+        for line in logs
+    ), logs
+    proto.connectionLost(None)
+    assert source.closed["slow_frame"] == 1 and source.auth_failures == 0
+
+
+def test_a_ping_and_a_message_in_one_read(logs):
+    source, router = make_source(**SECURE)
+    proto, transport = connect(source)
+    _, ping, _ = handshake_ping(transport)
+    proto.dataReceived(ping + msgpack.packb(["app.a", T0, {"k": "v"}, {"chunk": "c1"}]))
+    assert take(transport)[0][:2] == ["PONG", True]
+    router.make_durable()
+    assert take(transport) == [{"ack": "c1"}]
+    assert proto.client_hostname == "client.test"
+
+
 def test_session_stays_msgpack_after_the_handshake(logs):
     source, router = make_source(**SECURE)
     proto, transport = connect(source)

@@ -48,7 +48,7 @@ from logrouter.batch import Batch
 from logrouter.config.endpoints import listen_option
 from logrouter.config.options import Option, non_negative, positive
 from logrouter.sources.offload import IteratorRun, OffloadPool
-from logrouter.sources.stream import StreamProtocol, StreamSource
+from logrouter.sources.stream import HandshakeDone, HandshakeFailed, StreamProtocol, StreamSource
 from logrouter.wire import fluent_forward as wire
 from logrouter.wire import fluent_handshake as handshake
 
@@ -109,28 +109,24 @@ class ForwardProtocol(StreamProtocol):
     def connection_ready(self) -> None:
         if self.source.security is not None:
             self.handshake = handshake.ServerHandshake(self.source.security)
+            self.expect_handshake()
             self.send(self.handshake.helo())
 
-    def dataReceived(self, data: bytes) -> None:
-        if self.handshake is not None:
-            if self.closing:
-                return
-            self.resetTimeout()
-            result = self.handshake.feed(data)
-            if result is None:
-                return  # the PING is not complete yet
-            self.send(result.pong)
-            if not result.ok:
-                self.source.auth_failures += 1
-                self.reject(f"handshake failed: {result.describe()}")  # closes after the PONG is written
-                return
-            self.handshake = None  # established (not logged: one per out_forward heartbeat)
-            self.client_hostname = result.client_hostname
-            self.username = result.username
-            data = result.rest
-            if not data:
-                return
-        super().dataReceived(data)
+    def handshake_received(self, data: bytes) -> HandshakeDone | HandshakeFailed | None:
+        assert self.handshake is not None
+        result = self.handshake.feed(data)
+        if result is None:
+            return None  # the PING is not complete yet
+        if not result.ok:
+            self.source.auth_failures += 1
+            return HandshakeFailed(f"handshake failed: {result.describe()}", result.pong)  # closed after the PONG
+        self.handshake = None  # established (not logged: one per out_forward heartbeat)
+        self.client_hostname = result.client_hostname
+        self.username = result.username
+        return HandshakeDone(result.rest, result.pong)
+
+    def handshake_pending_bytes(self) -> int:
+        return self.handshake.pending_bytes if self.handshake is not None else 0
 
     def handle(self, message: Any) -> None:
         if self.offload is not None:
@@ -336,6 +332,7 @@ def check_users(value: list[Any]) -> None:
 @registry.source("fluent_forward")
 class FluentForwardSource(StreamSource):
     protocol_class = ForwardProtocol
+    COUNTERS = {"invalid_events": "events skipped (bad time, record not a map)", **StreamSource.COUNTERS, "auth_failures": "failed handshakes (also counted in decode_errors)", "size_mismatches": "messages whose size option differs from their entry count", "heartbeats": "UDP heartbeats answered", "offloaded_messages": "messages decoded in worker threads", "offloaded_parts": "parts of offloaded messages stored"}  # noqa: E501
     OPTIONS = {
         **StreamSource.OPTIONS,
         "listen": listen_option("tcp:24224"),

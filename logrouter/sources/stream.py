@@ -9,7 +9,8 @@ backpressure, the graceful stop (read what connections already delivered, let st
 batches get their replies, then close), why each connection was closed (a log line and
 a count per reason), and TLS peer information (the verified client certificate, a
 readable line when a TLS handshake fails). A protocol module adds its codec and what
-to do with each frame; hooks let it speak first (``connection_ready``), choose its
+to do with each frame; hooks let it speak first (``connection_ready``), start the
+connection with a handshake (``expect_handshake``/``handshake_received``), choose its
 listening endpoint (``endpoint``) and open more ports next to the main one
 (``port_opened``).
 """
@@ -98,6 +99,33 @@ CLOSE_REASONS = (
 )
 REFUSAL_REASONS = ("max_connections", "max_connections_per_peer")
 
+class HandshakeDone:
+    """What ``handshake_received`` returns once the handshake is over.
+
+    ``reply`` is written first (e.g. a PONG, a VERS); ``rest`` (the bytes that followed the
+    handshake in the stream) then goes to the codec, as does everything after it. A
+    connection whose client turns out to skip the handshake (a legacy client whose first
+    message is already data) returns every byte received so far as ``rest``.
+    """
+
+    __slots__ = ("rest", "reply")
+
+    def __init__(self, rest: bytes = b"", reply: bytes = b"") -> None:
+        self.rest = rest
+        self.reply = reply
+
+
+class HandshakeFailed:
+    """What ``handshake_received`` returns when the handshake failed: ``reply`` is written,
+    then the connection is closed as bad input (``decode_error``) with ``reason`` logged."""
+
+    __slots__ = ("reason", "reply")
+
+    def __init__(self, reason: str, reply: bytes = b"") -> None:
+        self.reason = reason
+        self.reply = reply
+
+
 # Holds that do not mean "this connection has work in progress": the stop's drain may
 # end while only these are held.
 IDLE_HOLDS = frozenset({"backpressure"})
@@ -141,6 +169,7 @@ class StreamProtocol(protocol.Protocol, TimeoutMixin):
         self.close_reason: str | None = None  # one of CLOSE_REASONS, once we decided to close
         self.tls_established = False  # set once a TLS handshake completed
         self.tls_peer: str | None = None  # the verified client certificate's subject
+        self.handshaking = False  # bytes go to handshake_received until it is done
         self.pending: set[defer.Deferred] = set()
         self.holds: set[str] = set()  # why reading is paused; reading resumes once none is left
         self.held_since = 0.0
@@ -167,7 +196,39 @@ class StreamProtocol(protocol.Protocol, TimeoutMixin):
         """Called once an accepted connection is set up: protocols that speak first greet here.
 
         Over TLS this runs before the TLS handshake; what is written is sent once it completes.
+        A protocol whose connections start with a handshake calls ``expect_handshake`` here.
         """
+
+    # -- the protocol's handshake ------------------------------------------------------
+
+    def expect_handshake(self) -> None:
+        """This connection starts with a handshake: until ``handshake_received`` says it is
+        done, every byte received goes there instead of to the codec.
+
+        Idle timeout, frame deadline (``frame_timeout_secs``, with
+        ``handshake_pending_bytes`` as the frame's unprocessed bytes) and the stop's drain
+        apply to the handshake as they do to frames.
+        """
+        self.handshaking = True
+
+    def handshake_received(self, data: bytes) -> "HandshakeDone | HandshakeFailed | None":
+        """Take the bytes of one read during the handshake.
+
+        Return None while it is not complete (keep what you need of ``data``),
+        ``HandshakeDone(rest, reply)`` once it is (``rest`` goes to the codec; return the
+        same bytes when no handshake took place), or ``HandshakeFailed(reason, reply)``.
+        """
+        raise NotImplementedError
+
+    def handshake_pending_bytes(self) -> int:
+        """Bytes of an incomplete handshake message held (the frame deadline's measure)."""
+        return 0
+
+    def unprocessed_bytes(self) -> int:
+        """Bytes received and not yet made into a frame (or a handshake message)."""
+        if self.handshaking:
+            return self.handshake_pending_bytes()
+        return getattr(self.decoder, "pending_bytes", 0)
 
     # -- Twisted callbacks ---------------------------------------------------------
 
@@ -205,8 +266,25 @@ class StreamProtocol(protocol.Protocol, TimeoutMixin):
         if self.closing or self.finishing:
             return
         self.resetTimeout()
+        received = len(data)
+        handshake_done = False
+        if self.handshaking:
+            step = self.handshake_received(data)
+            if step is None:
+                self.track_frame(received, False)
+                if self.draining:
+                    self.drained(received)
+                return
+            if step.reply:
+                self.send(step.reply)
+            if isinstance(step, HandshakeFailed):
+                self.reject(step.reason)  # closes once the reply is written
+                return
+            self.handshaking = False
+            handshake_done = True
+            data = step.rest
         try:
-            messages = self.decoder.feed(data)
+            messages = self.decoder.feed(data) if data else ()
         except DecodeError as e:
             # Frames decoded before the bad one were well-formed: they are stored and
             # acknowledged as usual, so the client does not send them again.
@@ -217,9 +295,9 @@ class StreamProtocol(protocol.Protocol, TimeoutMixin):
         self.handle_all(messages)
         if self.closing or self.finishing:
             return
-        self.track_frame(len(data), bool(messages))
+        self.track_frame(received, bool(messages) or handshake_done)
         if self.draining:
-            self.drained(len(data))
+            self.drained(received)
 
     def handle_all(self, messages: Any) -> None:
         for message in messages:
@@ -243,7 +321,7 @@ class StreamProtocol(protocol.Protocol, TimeoutMixin):
             why = "other"
         if why is None:
             tls_failure = tls.failure_reason(self.transport, reason)
-            unprocessed = getattr(self.decoder, "pending_bytes", 0)
+            unprocessed = self.unprocessed_bytes()
             if tls_failure is not None:
                 why = "tls_error"
                 self.source.tls_errors += 1
@@ -338,7 +416,7 @@ class StreamProtocol(protocol.Protocol, TimeoutMixin):
         timeout = self.source.options["frame_timeout_secs"]
         if not timeout:
             return
-        unprocessed = getattr(self.decoder, "pending_bytes", 0)
+        unprocessed = self.unprocessed_bytes()
         if not unprocessed:
             self.frame_started = None
             return
@@ -400,7 +478,7 @@ class StreamProtocol(protocol.Protocol, TimeoutMixin):
             return
         quiet = self.source.options["stop_quiet_secs"]
         wait = self.last_data + quiet - self.source.reactor.seconds()
-        if wait <= 0 and (getattr(self.decoder, "pending_bytes", 0) or self.holds - IDLE_HOLDS):
+        if wait <= 0 and (self.unprocessed_bytes() or self.holds - IDLE_HOLDS):
             # Mid-frame, or a frame is being worked on: give it the rest of the deadline.
             wait = quiet
         if wait > 0:
@@ -411,7 +489,7 @@ class StreamProtocol(protocol.Protocol, TimeoutMixin):
     def end_drain(self, why: str) -> None:
         if not self.draining:
             return
-        unprocessed = getattr(self.decoder, "pending_bytes", 0)
+        unprocessed = self.unprocessed_bytes()
         details = [why] if why else []
         if unprocessed:
             details.append(f"{unprocessed} bytes of an incomplete frame dropped")
