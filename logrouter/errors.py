@@ -6,7 +6,7 @@ and carries on with the rest.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Iterator, Protocol
 
 from twisted.logger import Logger
 
@@ -31,3 +31,8 @@ class LoggedErrors:
             tag=tag,
             reason=reason,
         )
+
+    def samples(self) -> Iterator[tuple[str, str, dict[str, str], float]]:
+        """Records dropped to the error path, per filter or sink (``logrouter.metrics`` renders them)."""
+        for name, count in self.counts.items():
+            yield "logrouter_error_path_records_total", "counter", {"component": name}, count

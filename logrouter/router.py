@@ -16,7 +16,7 @@ never memory; when the spool's backlog (from the slowest sink's cursor to the en
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Iterator
 
 from twisted.internet import defer, threads
 from twisted.logger import Logger
@@ -26,6 +26,7 @@ from logrouter.batch import Batch
 from logrouter.config.load import Config
 from logrouter.errors import LoggedErrors
 from logrouter.sinks.state import SinkState
+from logrouter.sources.base import Source, SourceContext, build_source
 from logrouter.spool.log import SpoolLog
 from logrouter.spool.segment import MAX_PAYLOAD
 from logrouter.spool.record import decode_batch, decode_key, encode_batch
@@ -114,7 +115,13 @@ class Router:
         self.dedupe_path = os.path.join(spool["path"], "dedupe.msgpack")
         self.sinks = {name: c.cls(name, c.options, self.errors, reactor) for name, c in config.sinks.items()}
         self.filters = {name: c.cls(name, c.options, self.errors) for name, c in config.filters.items()}
-        self.sources = {name: c.cls(name, c.options, self, reactor) for name, c in config.sources.items()}
+        self.source_context = SourceContext(
+            router=self, reactor=reactor, errors=self.errors, state_dir=os.path.join(spool["path"], "sources")
+        )
+        # Sources are used only through the contract of logrouter.sources.base.Source.
+        self.sources: dict[str, Source] = {
+            name: build_source(c.cls, name, c.options, self.source_context) for name, c in config.sources.items()
+        }
         # A source's own `durability` overrides the spool's for its batches.
         self.durability = {name: c.options.get("durability", "") for name, c in config.sources.items()}
         self.routes = self._build_routes()
@@ -412,6 +419,32 @@ class Router:
         self._snapshot = d
         d.addCallbacks(saved, failed)
         return d
+
+    # -- metrics ------------------------------------------------------------------------
+
+    def samples(self) -> Iterator[tuple[str, str, dict[str, str], float]]:
+        """The router's own metric samples, its spool's, and how far it fed each sink.
+
+        Sources, sinks, the error path and compaction yield their own (``logrouter.metrics``).
+        """
+        yield "logrouter_batches_in_total", "counter", {}, self.batches_in
+        yield "logrouter_events_in_total", "counter", {}, self.events_in
+        yield from self.spool.samples()
+        yield "logrouter_spool_backlog_bytes", "gauge", {}, self.backlog_bytes()
+        yield "logrouter_spool_failing", "gauge", {}, int(self.spool_failing)
+        yield "logrouter_duplicates_total", "counter", {}, self.duplicates
+        yield "logrouter_unstorable_batches_total", "counter", {}, self.unstorable_batches
+        yield "logrouter_sources_paused", "gauge", {}, int(self.paused)
+        yield "logrouter_sources_pauses_total", "counter", {}, self.pauses
+        paused = self.paused_secs + (self.reactor.seconds() - self._paused_at if self.paused else 0)
+        yield "logrouter_sources_paused_seconds_total", "counter", {}, round(paused, 3)
+
+    def feed_samples(self) -> Iterator[tuple[str, str, dict[str, str], float]]:
+        """Per sink: how far behind the spool's end its cursor is, and whether it is fed live."""
+        for name, feed in self.feeds.items():
+            labels = {"sink": name, "type": feed.sink.TYPE}
+            yield "logrouter_sink_lag_bytes", "gauge", labels, max(self.spool.end - feed.sink.cursor, 0)
+            yield "logrouter_sink_live", "gauge", labels, int(feed.live)
 
     # -- lifecycle ----------------------------------------------------------------------
 

@@ -161,15 +161,15 @@ def test_every_close_names_protocol_peer_and_reason(how, logs):
 
 
 def stub_router(*sources):
-    spool = SimpleNamespace(
-        fsyncs=0, end=0, written_end=0, size_bytes=0, torn_tails=0, quarantined=0, missing_ranges=0, write_errors=0
-    )
+    """What ``metrics.render`` asks of a router: its own samples, and components with ``samples()``."""
+    for i, source in enumerate(sources):
+        source.name = f"in{i}"
     return SimpleNamespace(
-        batches_in=0, events_in=0, spool=spool, backlog_bytes=lambda: 0, duplicates=0, paused=False,
-        pauses=0, paused_secs=0.0, reactor=sources[0].reactor, _paused_at=0.0, spool_failing=False,
-        unstorable_batches=0,
-        sources={f"in{i}": source for i, source in enumerate(sources)},
-        errors=SimpleNamespace(counts={}), sinks={}, feeds={},
+        samples=lambda: iter(()),
+        feed_samples=lambda: iter(()),
+        sources={source.name: source for source in sources},
+        errors=SimpleNamespace(samples=lambda: iter(())),
+        sinks={},
     )
 
 

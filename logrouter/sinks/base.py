@@ -20,7 +20,7 @@ exponential backoff on the injected clock, then asks to be fed again from its cu
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar, Iterator
 
 from twisted.internet import defer
 from twisted.logger import Logger
@@ -45,6 +45,9 @@ class SinkBase:
     """Bookkeeping shared by sinks: progress numbers, callbacks and retry backoff."""
 
     OPTIONS = SINK_OPTIONS
+    # Counters a sink class keeps, as attribute -> help; each is exported as
+    # logrouter_sink_<attribute>_total by samples(). Sink classes declare their own.
+    COUNTERS: ClassVar[dict[str, str]] = {}
     log = Logger(namespace="logrouter.sink")
 
     def __init__(self, name: str, options: dict[str, Any], errors: Any, reactor: Any) -> None:
@@ -63,6 +66,25 @@ class SinkBase:
         self.epoch = 0  # bumped on failure: work queued before it is stale
         self._retry_delay = 0.0
         self._retry_call: Any = None
+
+    # -- metrics ----------------------------------------------------------------------
+
+    def labels(self) -> dict[str, str]:
+        return {"sink": self.name, "type": self.TYPE}
+
+    def samples(self) -> Iterator[tuple[str, str, dict[str, str], float]]:
+        """The sink's metric samples (``logrouter.metrics`` renders them): what it took in,
+        where its cursor is, what it holds, its failures and the counters it declares.
+
+        How far the router fed it (lag, live) is the router's to say.
+        """
+        labels = self.labels()
+        yield "logrouter_sink_events_in_total", "counter", labels, self.events_in
+        yield "logrouter_sink_cursor_bytes", "gauge", labels, self.cursor
+        yield "logrouter_sink_queued_bytes", "gauge", labels, self.queued_bytes
+        yield "logrouter_sink_failures_total", "counter", labels, self.failures
+        for attribute in self.COUNTERS:
+            yield f"logrouter_sink_{attribute}_total", "counter", labels, getattr(self, attribute)
 
     def fail(self, failure: Any) -> None:
         """The sink lost what it held: log, back off, then ask to be fed from ``cursor``."""

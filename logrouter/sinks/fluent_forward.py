@@ -163,6 +163,15 @@ def _check_servers(value: list[Any]) -> None:
 
 @registry.sink("fluent_forward")
 class FluentForwardSink(SinkBase):
+    COUNTERS = {
+        "chunks_sent": "forward messages written to a server, resends included",
+        "chunks_acked": "forward messages a server acknowledged",
+        "chunks_resent": "forward messages sent again after their server went down",
+        "ack_timeouts": "servers marked down for not acknowledging within ack_response_timeout_secs",
+        "server_downs": "times a server was marked down",
+        "handshake_failures": "handshakes with a server that failed",
+        "unknown_acks": "acks for no message in flight",
+    }
     OPTIONS = {
         "servers": Option(list, doc="[{ host, port = 24224, weight = 60, standby = false }, …]", check=_check_servers),
         "require_ack_response": Option(bool, True, "wait for the server's ack before a record counts as done"),

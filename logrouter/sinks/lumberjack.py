@@ -328,6 +328,13 @@ def _label(host: str, port: int) -> str:
 
 @registry.sink("lumberjack")
 class LumberjackSink(SinkBase):
+    COUNTERS = {
+        "windows_sent": "windows written to a server",
+        "events_acked": "events a server acknowledged",
+        "partial_acks": "ACKs covering part of a window",
+        "keepalives": "ACK 0 keepalives received",
+        "connections": "connections made to a server",
+    }
     OPTIONS = {
         "hosts": Option(list, doc='servers as "host:port" (port 5044 if left out), used in turn on failure', check=_check_hosts),
         "window_size": Option(int, 2048, "most events per window (Beats' bulk_max_size)", positive),

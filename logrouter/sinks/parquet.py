@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import datetime
 import socket
-from typing import Any
+from typing import Any, Iterator
 
 from twisted.internet import defer, task, threads
 
@@ -67,6 +67,11 @@ def _default_writer_id(name: str) -> str:
 
 @registry.sink("parquet")
 class ParquetSink(SinkBase):
+    COUNTERS = {
+        "files_published": "Parquet files published into the lake",
+        "rows_published": "rows in the files published",
+        "commits": "commits (files published and the cursor moved at once)",
+    }
     OPTIONS = {
         "path": Option(str, doc="lake root: a directory, file:// or hdfs:// URI", check=_check_path),
         "writer_id": Option(
@@ -114,6 +119,13 @@ class ParquetSink(SinkBase):
         )
 
     # -- lifecycle (reactor thread) ----------------------------------------------------
+
+    def samples(self) -> Iterator[tuple[str, str, dict[str, str], float]]:
+        """SinkBase's samples, plus the files open and the rows they buffer."""
+        yield from super().samples()
+        labels = self.labels()
+        yield "logrouter_sink_open_files", "gauge", labels, self.writer.open_files
+        yield "logrouter_sink_buffered_rows", "gauge", labels, self.writer.buffered_rows
 
     def start(self) -> defer.Deferred:
         d = threads.deferToThread(self._recover)

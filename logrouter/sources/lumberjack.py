@@ -314,6 +314,7 @@ def _check_client_authentication(value: str) -> None:
 @registry.source("lumberjack")
 class LumberjackSource(StreamSource):
     protocol_class = LumberjackProtocol
+    COUNTERS = {"invalid_events": "events skipped (a J payload that is not a JSON object)", **StreamSource.COUNTERS}
     OPTIONS = {
         **StreamSource.OPTIONS,
         "listen": listen_option("tcp:5044"),

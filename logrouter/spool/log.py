@@ -29,7 +29,7 @@ from __future__ import annotations
 import bisect
 import os
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, Iterator
 
 from twisted.internet import defer
 from twisted.logger import Logger
@@ -272,6 +272,20 @@ class SpoolLog:
     @property
     def size_bytes(self) -> int:
         return self.end - self.start
+
+    def samples(self) -> Iterator[tuple[str, str, dict[str, str], float]]:
+        """The spool's metric samples (``logrouter.metrics`` renders them).
+
+        The backlog and whether writes are failing are the router's to say.
+        """
+        yield "logrouter_spool_fsyncs_total", "counter", {}, self.fsyncs
+        yield "logrouter_spool_end_bytes", "gauge", {}, self.end
+        yield "logrouter_spool_written_bytes", "gauge", {}, self.written_end
+        yield "logrouter_spool_size_bytes", "gauge", {}, self.size_bytes
+        yield "logrouter_spool_torn_tails_total", "counter", {}, self.torn_tails
+        yield "logrouter_spool_quarantined_total", "counter", {}, self.quarantined
+        yield "logrouter_spool_missing_ranges_total", "counter", {}, self.missing_ranges
+        yield "logrouter_spool_write_errors_total", "counter", {}, self.write_errors
 
     # -- worker thread -----------------------------------------------------------------
 
