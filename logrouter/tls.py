@@ -293,9 +293,9 @@ def _client_option_specs() -> dict[str, Any]:
         "ca_file": Option(
             str, "", "PEM of the CA(s) the server certificate must chain to (empty = system roots)", check_ca_file
         ),
-        "verify_hostname": Option(bool, True, "check that the server certificate names the host"),
-        "client_cert": Option(str, "", "PEM client certificate, for servers that ask for one", check_readable),
-        "client_key": Option(str, "", "PEM private key of client_cert", check_readable),
+        "verify_hostname": Option(bool, True, "check the certificate names the host (the chain is always checked)"),
+        "client_cert": Option(str, "", "PEM client certificate, for servers that ask for one (mutual TLS; set `client_key` too)", check_readable),
+        "client_key": Option(str, "", "PEM private key of `client_cert`", check_readable),
     }
 
 

@@ -51,20 +51,20 @@ def _check_spark_submit(value: str) -> None:
 
 COMPACTION_OPTIONS: dict[str, Option] = {
     "enabled": Option(bool, False, "run compaction from this router"),
-    "schedule_secs": Option((int, float), 3600, "how often to look for partitions to compact", positive),
+    "schedule_secs": Option((int, float), 3600, "how often to look for partitions to compact (a round still running skips the next)", positive),
     "seal_after_secs": Option(
-        (int, float), 3600, "a partition is sealed this long after the end of its hour", non_negative
+        (int, float), 3600, "a partition is sealed this long after the end of its hour; only sealed partitions are compacted", non_negative
     ),
     "min_files": Option(int, 2, "compact a partition with at least this many files …", _check_min_files),
     "target_file_bytes": Option(
-        int, DEFAULT_TARGET_FILE_BYTES, "… or whose mean file size is under this; also the output file size", positive
+        int, DEFAULT_TARGET_FILE_BYTES, "… or whose mean file size is under this; also the size of the files written", positive
     ),
-    "spark_master": Option(str, "local[*]", "Spark master URL", _check_master),
-    "spark_conf": Option(dict, {}, 'extra Spark settings, e.g. { "spark.executor.memory" = "2g" }', _check_spark_conf),
+    "spark_master": Option(str, "local[*]", "Spark master URL, passed through (`local[*]`, `spark://host:7077`, `yarn`, `k8s://…`)", _check_master),
+    "spark_conf": Option(dict, {}, 'extra Spark settings (`spark.*`; Hadoop ones as `spark.hadoop.*`), e.g. `{ "spark.executor.memory" = "2g" }`', _check_spark_conf),
     "spark_submit": Option(
-        str, "", "path of spark-submit; empty = python -m logrouter.jobs.compact with this Python", _check_spark_submit
+        str, "", "path of `spark-submit`; empty = `python -m logrouter.jobs.compact` with the router's own Python (pip's pyspark)", _check_spark_submit
     ),
-    "timeout_secs": Option((int, float), 3600, "a job running longer is killed (its whole process group)", positive),
+    "timeout_secs": Option((int, float), 3600, "a job running longer is killed with its whole process group (SIGTERM, SIGKILL 30 s later)", positive),
     "sinks": Option(list, [], "parquet sinks whose lakes are compacted (empty = every parquet sink)", list_of(str)),
 }
 

@@ -21,26 +21,29 @@ from logrouter.compaction.options import COMPACTION_OPTIONS, check_compaction
 DURABILITY = ("fsync", "os", "none")
 
 SPOOL_OPTIONS: dict[str, Option] = {
-    "path": Option(str, "var/spool", "directory of the spool's segment files"),
+    "path": Option(str, "var/spool", "directory of the segment files, sink state and the dedupe snapshot"),
     "durability": Option(
         str,
         "fsync",
-        "when an ack may be sent: after fsync, after the write reached the OS, or at once",
+        "when an ack may be sent: `fsync` (written and fsync'd), `os` (written to the kernel) or `none` (at once); "
+        "see Durability and recovery",
         one_of(*DURABILITY),
     ),
-    "segment_bytes": Option(int, 64 * 1024 * 1024, "size at which a new segment file starts", positive),
+    "segment_bytes": Option(int, 64 * 1024 * 1024, "a new segment file starts past this size; segments are deleted once every sink is past them", positive),
     "max_bytes": Option(
-        int, 8 << 30, "backlog (slowest sink's cursor to the end) at which sources pause", positive
+        int, 8 << 30, "backlog (from the slowest sink's cursor to the end of the spool) at which every source stops reading; "
+        "they resume below 80%", positive
     ),
-    "dedupe_window": Option(int, 100_000, "client ids (forward chunk, …) remembered to recognise retransmissions", positive),
+    "dedupe_window": Option(int, 100_000, "client batch ids (forward `chunk`, …) remembered to recognise retransmissions", positive),
 }
 
 ROUTER_OPTIONS: dict[str, Option] = {
     "metrics_listen": Option(
-        str, "", "Twisted endpoint for /metrics (Prometheus) and /health; empty = off", endpoints.check_optional
+        str, "", "endpoint serving Prometheus `/metrics` and `/health` (empty = off)", endpoints.check_optional
     ),
     "shutdown_timeout_secs": Option(
-        (int, float), 30, "how long a graceful stop may take to drain and commit (0 = no limit)", non_negative
+        (int, float), 30, "how long a graceful stop may take to drain and commit (0 = no limit); past it the process stops "
+        "anyway and uncommitted work is replayed from the spool at the next start", non_negative
     ),
 }
 

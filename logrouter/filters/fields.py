@@ -228,7 +228,8 @@ class SetFilter:
     OPTIONS = {
         "fields": Option(
             dict,
-            doc="field (or $.a.b path) -> value; strings may hold ${tag}, ${tag_parts[N]}",
+            doc="field or `$.a.b` path → any TOML value; strings may use `${tag}` and `${tag_parts[N]}` (N may be "
+            "negative; a missing part gives `\"\"`)",
             check=_check_set_fields,
         ),
     }
@@ -288,7 +289,7 @@ class RemoveFilter:
 
     OPTIONS = {
         "fields": Option(
-            list, doc="field names or $.a.b paths to remove", check=_check_remove_fields
+            list, doc="top-level names or `$.a.b` paths to remove; absent fields are ignored", check=_check_remove_fields
         ),
     }
 
@@ -327,7 +328,7 @@ class RenameFilter:
     """Renames top-level fields; an absent old field is ignored, the new name overwrites."""
 
     OPTIONS = {
-        "fields": Option(dict, doc="old top-level name -> new name", check=_check_rename_fields),
+        "fields": Option(dict, doc="old → new top-level name; all renames happen at once (`{a = \"b\", b = \"a\"}` swaps)", check=_check_rename_fields),
     }
 
     def __init__(self, name: str, options: dict[str, Any], errors: ErrorPath) -> None:

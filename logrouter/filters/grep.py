@@ -44,9 +44,9 @@ class GrepFilter:
     """Keeps records whose field matches ``include`` and does not match ``exclude``."""
 
     OPTIONS = {
-        "field": Option(str, doc="top-level key, or a $.a.b / $['a']['b'] path", check=_check_field),
-        "include": Option(str, default=None, doc="keep only records whose field matches", check=_check_regex),
-        "exclude": Option(str, default=None, doc="drop records whose field matches", check=_check_regex),
+        "field": Option(str, doc="a top-level key, or a path `$.a.b` / `$['a']['b']` / `$.tags[-1]`", check=_check_field),
+        "include": Option(str, default=None, doc="regex: a record passes only if its field matches (`re.search`; a missing or null field does not)", check=_check_regex),
+        "exclude": Option(str, default=None, doc="regex: a record whose field matches is dropped (a missing or null field does not match)", check=_check_regex),
     }
 
     @classmethod

@@ -123,7 +123,8 @@ class MatchFilter:
     OPTIONS = {
         "tag": Option(
             (str, list),
-            doc="Fluentd tag pattern(s): a.*, a.**, {a,b}.c; a list or space-separated",
+            doc="Fluentd tag patterns, an array or space-separated: `*` is one dot-separated part, `**` zero or more, "
+            "`{x,y}` alternatives, `\\` escapes; the whole batch passes or not",
             check=check_tag_patterns,
         ),
     }

@@ -30,9 +30,10 @@ from logrouter.sinks.state import SinkState
 
 SINK_OPTIONS: dict[str, Option] = {
     "max_queue_bytes": Option(
-        int, 32 << 20, "memory for records handed to this sink and not yet done", positive
+        int, 32 << 20, "records handed to the sink and not yet done, counted in spool bytes (decoded records take several "
+        "times that in memory); beyond it the sink reads from the spool", positive
     ),
-    "retry_initial_secs": Option((int, float), 1.0, "first wait after a failure", positive),
+    "retry_initial_secs": Option((int, float), 1.0, "first wait after a failure (no server available, disk full); it doubles up to `retry_max_secs`", positive),
     "retry_max_secs": Option((int, float), 60.0, "longest wait between retries", positive),
 }
 

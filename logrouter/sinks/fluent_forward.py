@@ -173,28 +173,29 @@ class FluentForwardSink(SinkBase):
         "unknown_acks": "acks for no message in flight",
     }
     OPTIONS = {
-        "servers": Option(list, doc="[{ host, port = 24224, weight = 60, standby = false }, …]", check=_check_servers),
-        "require_ack_response": Option(bool, True, "wait for the server's ack before a record counts as done"),
+        "servers": Option(list, doc="array of `{ host, port = 24224, weight = 60, standby = false }`; at least one must not be a standby", check=_check_servers),
+        "require_ack_response": Option(bool, True, "ask for and wait for `{\"ack\": chunk}` before a record counts as done"),
         "ack_response_timeout_secs": Option(
-            (int, float), 60, "a server silent this long on its oldest unacked chunk is marked down", positive
+            (int, float), 60, "a server silent this long on its oldest unacked message is marked down and its messages are resent "
+            "(out_forward uses 190)", positive
         ),
         "max_chunk_bytes": Option(
-            int, 1 << 20, "entries per message before compression (larger batches are split)", positive
+            int, 1 << 20, "packed entries per message before compression; larger batches are split", positive
         ),
         "max_in_flight_bytes": Option(int, 8 << 20, "sent and not yet acked, over all servers", positive),
-        "compress": Option(str, "text", "\"gzip\" sends CompressedPackedForward", one_of(*wire.COMPRESSIONS)),
-        "compress_level": Option(int, 6, "gzip level 1 (fast) to 9 (small)", one_of(*range(1, 10))),
-        "connect_timeout_secs": Option((int, float), 10, "connect + TLS + handshake must finish within this", positive),
-        "heartbeat_type": Option(str, "tcp", "tcp: connect; udp: 0x00 datagram; none", one_of(*HEARTBEAT_TYPES)),
+        "compress": Option(str, "text", "`\"gzip\"` sends CompressedPackedForward, `\"text\"` PackedForward", one_of(*wire.COMPRESSIONS)),
+        "compress_level": Option(int, 6, "gzip level, 1 (fast) to 9 (small)", one_of(*range(1, 10))),
+        "connect_timeout_secs": Option((int, float), 10, "TCP connect, TLS and the handshake must all finish within this", positive),
+        "heartbeat_type": Option(str, "tcp", "`tcp`: connect and close (with a TLS handshake when `tls`); `udp`: send `0x00`, expect `0x00`; `none`", one_of(*HEARTBEAT_TYPES)),
         "heartbeat_interval_secs": Option((int, float), 1, "time between heartbeats to each server", positive),
-        "heartbeat_misses": Option(int, 3, "missed heartbeats in a row that mark a server down", positive),
+        "heartbeat_misses": Option(int, 3, "this many missed in a row mark a server down", positive),
         "recover_wait_secs": Option((int, float), 10, "a down server is trusted again no sooner than this", non_negative),
         **tls.CLIENT_OPTIONS,
-        "shared_key": Option(str, "", "shared key of the v1 handshake (set = handshake on every connection)"),
-        "self_hostname": Option(str, "", "hostname sent in the handshake (empty = the host's name)"),
-        "username": Option(str, "", "user for servers with user authentication (needs shared_key)"),
-        "password": Option(str, "", "password of username"),
-        "drain_timeout_secs": Option((int, float), 10, "on stop, wait this long for acks of what was sent", non_negative),
+        "shared_key": Option(str, "", "run the v1 handshake with this key on every connection (empty = no handshake)"),
+        "self_hostname": Option(str, "", "hostname sent in PING (empty = the host's name)"),
+        "username": Option(str, "", "user for servers with user authentication (needs `shared_key`)"),
+        "password": Option(str, "", "password of `username`"),
+        "drain_timeout_secs": Option((int, float), 10, "on a graceful stop, wait this long for acks of what was sent", non_negative),
         **SINK_OPTIONS,
     }
 

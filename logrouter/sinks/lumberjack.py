@@ -336,19 +336,19 @@ class LumberjackSink(SinkBase):
         "connections": "connections made to a server",
     }
     OPTIONS = {
-        "hosts": Option(list, doc='servers as "host:port" (port 5044 if left out), used in turn on failure', check=_check_hosts),
-        "window_size": Option(int, 2048, "most events per window (Beats' bulk_max_size)", positive),
-        "pipelining": Option(int, 2, "windows in flight before the oldest is acknowledged", _check_pipelining),
-        "compression_level": Option(int, 3, "zlib level of the C frame, 0 = send plain J frames", _check_compression_level),
+        "hosts": Option(list, doc='`["host:port", …]` (`[v6]:port`; port 5044 if left out); one used at a time, the next after each failure', check=_check_hosts),
+        "window_size": Option(int, 2048, "most events per window (Beats' `bulk_max_size`)", positive),
+        "pipelining": Option(int, 2, "windows in flight before the oldest is acknowledged (1–64)", _check_pipelining),
+        "compression_level": Option(int, 3, "zlib level of the `C` frame; `0` sends plain `J` frames", _check_compression_level),
         "timeout_secs": Option(
-            (int, float), 30, "longest wait for any ACK (ACK 0 keepalives count) while a window is in flight", positive
+            (int, float), 30, "longest wait for any ACK (ACK 0 keepalives and partial ACKs count) while a window is in flight", positive
         ),
-        "connect_timeout_secs": Option((int, float), 10, "connect (TCP and TLS) must finish within this", positive),
+        "connect_timeout_secs": Option((int, float), 10, "connect (TCP + TLS) must finish within this", positive),
         "drain_timeout_secs": Option(
             (int, float), 10, "on stop, wait this long for what was handed over to be acknowledged", non_negative
         ),
         "tag_field": Option(
-            str, "@metadata.tag", "field (dotted path) that carries the batch's tag; \"\" = none", _check_tag_field
+            str, "@metadata.tag", "dotted path of the field that carries the batch's tag; `\"\"` = none", _check_tag_field
         ),
         **tls.CLIENT_OPTIONS,
         **SINK_OPTIONS,

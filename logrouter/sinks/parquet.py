@@ -73,15 +73,16 @@ class ParquetSink(SinkBase):
         "commits": "commits (files published and the cursor moved at once)",
     }
     OPTIONS = {
-        "path": Option(str, doc="lake root: a directory, file:// or hdfs:// URI", check=_check_path),
+        "path": Option(str, doc="lake root: a directory, `file://` or `hdfs://namenode:8020/logs` (see HDFS under Compaction)", check=_check_path),
         "writer_id": Option(
-            str, "", "unique per router writing into the same lake (default: host name + sink name)", _check_writer_id
+            str, "", "unique per router writing into one lake; part of every file name (empty = host name + sink name)", _check_writer_id
         ),
         "roll_bytes": Option(int, 128 << 20, "seal a file once it holds about this many bytes", positive),
         "roll_secs": Option((int, float), 300, "seal a file this long after it was opened", positive),
-        "row_group_rows": Option(int, 10_000, "rows per Parquet row group (bounds memory per open file)", positive),
-        "compression": Option(str, "zstd", "Parquet compression codec"),
-        "columns": Option(dict, {}, "declared column types, e.g. { status = \"int\" }", _check_columns),
+        "row_group_rows": Option(int, 10_000, "rows per Parquet row group; bounds the memory of each open file", positive),
+        "compression": Option(str, "zstd", "Parquet codec (`zstd`, `snappy`, `gzip`, `none`, …)"),
+        "columns": Option(dict, {}, "declared column types, e.g. `{ status = \"int\", latency = \"float\" }`: every file has them, typed, even "
+            "across routers and restarts", _check_columns),
         **SINK_OPTIONS,
     }
 
