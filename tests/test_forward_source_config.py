@@ -71,7 +71,47 @@ def test_verify_client_needs_ssl_and_a_ca(pki):
         "sources.f.ca_file: required when verify_client = true"
     ]
     assert errors_of(f"listen = '{pki.ssl_endpoint()}'\nca_file = '{pki.ca}'\n") == [
-        "sources.f.ca_file: only used with verify_client = true; set verify_client = true or remove ca_file"
+        "sources.f.ca_file: only used with ssl_client_authentication 'optional' or 'required' "
+        "(or verify_client = true); set it or remove ca_file"
+    ]
+
+
+# -- ssl_client_authentication, the stream sources' shared option, and its alias verify_client --
+
+
+def test_ssl_client_authentication_is_accepted_as_for_every_stream_source(pki):
+    for mode in ("optional", "required"):
+        body = f"listen = '{pki.ssl_endpoint()}'\nssl_client_authentication = '{mode}'\nca_file = '{pki.ca}'\n"
+        options = load_string(source_config(body)).sources["f"].options
+        assert options["ssl_client_authentication"] == mode and options["verify_client"] is False
+    assert errors_of(f"listen = 'tcp:0'\nssl_client_authentication = 'required'\nca_file = '{pki.ca}'\n") == [
+        "sources.f.ssl_client_authentication: 'required' needs an ssl: listen endpoint, got 'tcp:0'"
+    ]
+    assert errors_of(f"listen = '{pki.ssl_endpoint()}'\nssl_client_authentication = 'optional'\n") == [
+        "sources.f.ca_file: required when ssl_client_authentication is 'optional'"
+    ]
+
+
+def test_verify_client_true_is_ssl_client_authentication_required(pki):
+    from logrouter.sources.fluent_forward import FluentForwardSource
+
+    body = f"listen = '{pki.ssl_endpoint()}'\nverify_client = true\nca_file = '{pki.ca}'\n"
+    options = load_string(source_config(body)).sources["f"].options
+    assert FluentForwardSource.client_authentication(options)[0] == "required"
+    # Both keys, agreeing: accepted.
+    both = body + "ssl_client_authentication = 'required'\n"
+    options = load_string(source_config(both)).sources["f"].options
+    assert FluentForwardSource.client_authentication(options)[0] == "required"
+    # Neither: no client certificates.
+    options = load_string(source_config(f"listen = '{pki.ssl_endpoint()}'\n")).sources["f"].options
+    assert FluentForwardSource.client_authentication(options)[0] == "none"
+
+
+def test_verify_client_contradicting_ssl_client_authentication_is_refused(pki):
+    body = f"listen = '{pki.ssl_endpoint()}'\nverify_client = true\nssl_client_authentication = 'optional'\nca_file = '{pki.ca}'\n"
+    assert errors_of(body) == [
+        "sources.f.verify_client: verify_client = true means ssl_client_authentication = 'required', "
+        "which contradicts ssl_client_authentication = 'optional'; set only ssl_client_authentication"
     ]
 
 

@@ -155,3 +155,28 @@ def test_wrap_factory_serves_tls_over_a_plain_listener(pki):
     context = tls.server_options(str(pki.server_key), str(pki.server_cert))
     wrapped = tls.wrap_factory(protocol.Factory.forProtocol(Recorder), context)
     assert isinstance(wrapped, TLSMemoryBIOFactory)
+
+
+@pytest.mark.parametrize(
+    "source_type, settings, required",
+    [
+        ("fluent_forward", {"verify_client": True}, True),
+        ("fluent_forward", {"ssl_client_authentication": "required"}, True),
+        ("fluent_forward", {"ssl_client_authentication": "optional"}, False),
+        ("lumberjack", {"ssl_client_authentication": "required"}, True),
+        ("lumberjack", {"ssl_client_authentication": "optional"}, False),
+    ],
+)
+def test_every_stream_source_listens_with_the_shared_client_certificate_options(pki, source_type, settings, required):
+    from logrouter import registry
+
+    registry.load_builtin()
+    cls = registry.KINDS["sources"][source_type]
+    options = {key: option.default for key, option in cls.OPTIONS.items()}
+    options.update(listen=pki.ssl_endpoint(4433, "127.0.0.1"), ca_file=str(pki.ca), **settings)
+    assert cls.check_options(options) == []
+    reactor = MemoryReactor()
+    cls("s", options, None, reactor).endpoint().listen(protocol.Factory.forProtocol(Recorder))
+    context_factory = reactor.sslServers[0][2]
+    assert isinstance(context_factory, tls.ClientCertificateOptions)
+    assert context_factory.options.requireCertificate is required

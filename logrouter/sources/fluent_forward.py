@@ -9,7 +9,9 @@ HELO, checks the client's PING (shared key digest, and the user digest when ``us
 are configured) and answers PONG; nothing the client sends is accepted before that. A
 failed PING gets in_forward's failure PONG and the connection is closed after it.
 
-``verify_client`` asks TLS clients for a certificate signed by ``ca_file``. When the
+``ssl_client_authentication`` (the stream sources' shared TLS option; ``verify_client =
+true``, in_forward's name, is kept as an alias of ``"required"``) asks TLS clients for a
+certificate signed by ``ca_file``. When the
 listener is a TCP/TLS port, a UDP socket on the same interface and port answers
 heartbeat datagrams with one ``0x00`` byte, as in_forward does.
 
@@ -43,7 +45,7 @@ from typing import Any
 from twisted.internet import defer, error, protocol
 from twisted.internet.address import IPv4Address, IPv6Address
 
-from logrouter import registry, tls
+from logrouter import registry
 from logrouter.batch import Batch
 from logrouter.config.endpoints import listen_option
 from logrouter.config.options import Option, non_negative, positive
@@ -352,29 +354,23 @@ class FluentForwardSource(StreamSource):
         "shared_key": Option(str, "", "shared key of the v1 handshake; set = every connection must pass it"),
         "self_hostname": Option(str, "", "hostname this source answers the handshake with (empty = the host's name)"),
         "users": Option(list, [], "{username, password} tables; non-empty = the handshake also checks a user", check_users),
-        "verify_client": Option(bool, False, "ssl: listeners only: require a client certificate signed by ca_file"),
-        "ca_file": Option(str, "", "PEM file of the CA(s) client certificates must be signed by", tls.check_ca_file),
+        "verify_client": Option(
+            bool,
+            False,
+            'in_forward\'s name for `ssl_client_authentication = "required"`: `true` is the same (refused together '
+            'with `ssl_client_authentication = "optional"`); `false` leaves `ssl_client_authentication` in charge',
+        ),
         "udp_heartbeat": Option(bool, True, "answer UDP heartbeats on the listener's interface and port"),
     }
+
+    CLIENT_AUTH_ALIASES = {"verify_client": {True: "required"}}
 
     @classmethod
     def check_options(cls, options: dict[str, Any]) -> list[str]:
         problems = []
         if options["users"] and not options["shared_key"]:
             problems.append("users: user authentication is part of the handshake; set shared_key too")
-        verify, ca_file, listen = options["verify_client"], options["ca_file"], options["listen"]
-        if verify:
-            if tls.endpoint_kind(listen) != "ssl":
-                problems.append(f"verify_client: needs an ssl: listen endpoint, got {listen!r}")
-            elif not ca_file:
-                problems.append("ca_file: required when verify_client = true")
-            else:
-                try:
-                    tls.check_server_endpoint(listen, "required", ca_file)
-                except ValueError as e:
-                    problems.append(f"listen: {e}")
-        elif ca_file:
-            problems.append("ca_file: only used with verify_client = true; set verify_client = true or remove ca_file")
+        problems.extend(super().check_options(options))  # TLS: ssl_client_authentication / verify_client, ca_file
         if options["offload_part_bytes"] > MAX_PART_BYTES:
             problems.append(
                 f"offload_part_bytes: at most {MAX_PART_BYTES} (a part is one spool record), "
@@ -400,11 +396,6 @@ class FluentForwardSource(StreamSource):
         self.offloaded_parts = 0
         self.udp_port: Any = None
         self.offload_pool = OffloadPool(self.reactor, options.get("offload_threads", 2), f"logrouter-{self.name}-decode")
-
-    def endpoint(self) -> Any:
-        if self.options.get("verify_client"):
-            return tls.server_endpoint(self.reactor, self.options["listen"], "required", self.options["ca_file"])
-        return super().endpoint()
 
     def port_opened(self, port: Any) -> None:
         address = port.getHost()

@@ -34,7 +34,7 @@ import datetime
 import re
 from typing import Any, Callable
 
-from logrouter import registry, tls
+from logrouter import registry
 from logrouter.batch import Batch
 from logrouter.config.endpoints import listen_option
 from logrouter.config.options import Option, non_negative, positive
@@ -307,10 +307,6 @@ class LumberjackProtocol(StreamProtocol):
 # -- the source --------------------------------------------------------------------------
 
 
-def _check_client_authentication(value: str) -> None:
-    tls.check_client_cert_mode(value)
-
-
 @registry.source("lumberjack")
 class LumberjackSource(StreamSource):
     protocol_class = LumberjackProtocol
@@ -337,28 +333,7 @@ class LumberjackSource(StreamSource):
         "max_data_fields": Option(
             int, wire.DEFAULT_MAX_DATA_FIELDS, "most key/value pairs in one v1 D frame (one event)", positive
         ),
-        "ssl_client_authentication": Option(
-            str, "none", "client certificates on an ssl: listener: none, optional or required", _check_client_authentication
-        ),
-        "ca_file": Option(str, "", "PEM file of the CA(s) client certificates must be signed by", tls.check_ca_file),
     }
-
-    @staticmethod
-    def check_options(options: dict[str, Any]) -> list[str]:
-        mode, ca_file, listen = options["ssl_client_authentication"], options["ca_file"], options["listen"]
-        if mode == "none":
-            if ca_file:
-                return ["ca_file: only used with ssl_client_authentication 'optional' or 'required'; set it or remove ca_file"]
-            return []
-        if tls.endpoint_kind(listen) != "ssl":
-            return [f"ssl_client_authentication: {mode!r} needs an ssl: listen endpoint, got {listen!r}"]
-        if not ca_file:
-            return [f"ca_file: required when ssl_client_authentication is {mode!r}"]
-        try:
-            tls.check_server_endpoint(listen, mode, ca_file)
-        except ValueError as e:
-            return [f"listen: {e}"]
-        return []
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -371,14 +346,6 @@ class LumberjackSource(StreamSource):
         for connection in self.connections:
             if connection.stalled_by_us():  # type: ignore[attr-defined]
                 connection.acks.wait_began()  # type: ignore[attr-defined]
-
-    def endpoint(self) -> Any:
-        return tls.server_endpoint(
-            self.reactor,
-            self.options["listen"],
-            self.options["ssl_client_authentication"],
-            self.options["ca_file"] or None,
-        )
 
     def _batch_builder(self) -> Callable[[list[dict[str, Any]], int], list[Batch]]:
         """The per-event work, specialised once for this source's options."""

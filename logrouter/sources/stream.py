@@ -80,6 +80,32 @@ STREAM_OPTIONS: dict[str, Option] = {
     ),
 }
 
+# One set of server TLS client-certificate options for every stream source (``tls`` has
+# the three modes). They only act on an ``ssl:`` listener.
+TLS_OPTIONS: dict[str, Option] = {
+    "ssl_client_authentication": Option(
+        str,
+        "none",
+        "client certificates on an `ssl:` listener: `none`, `optional` (a certificate, if sent, must be signed "
+        "by `ca_file`) or `required` (every client must send one signed by `ca_file`)",
+        tls.check_client_cert_mode,
+    ),
+    "ca_file": Option(
+        str,
+        "",
+        "PEM file of the CA(s) client certificates must be signed by; needed with `ssl_client_authentication` "
+        "`optional` or `required`",
+        tls.check_ca_file,
+    ),
+}
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)
+
+
 # The stop's reading phase gets at most this share of router.shutdown_timeout_secs: the
 # rest is for replies, the spool and the sinks' commits.
 STOP_SHARE_OF_SHUTDOWN = 0.1
@@ -597,7 +623,11 @@ class StreamSource:
     """A listening source: its options, its port and its open connections."""
 
     protocol_class: type[StreamProtocol] = StreamProtocol
-    OPTIONS: dict[str, Option] = {"listen": listen_option(None), **STREAM_OPTIONS}
+    OPTIONS: dict[str, Option] = {"listen": listen_option(None), **STREAM_OPTIONS, **TLS_OPTIONS}
+    # Older names of ssl_client_authentication a source still accepts, as
+    # {key: {value: the mode it stands for}}; other values of the key say nothing
+    # (fluent_forward: {"verify_client": {True: "required"}}). Such keys need their own Option.
+    CLIENT_AUTH_ALIASES: dict[str, dict[Any, str]] = {}
     log = Logger(namespace="logrouter.source")
 
     def __init__(self, name: str, options: dict[str, Any], router: Any, reactor: Any) -> None:
@@ -618,9 +648,62 @@ class StreamSource:
     def factory(self) -> protocol.Factory:
         return StreamFactory(self)
 
+    @classmethod
+    def client_authentication(cls, options: dict[str, Any]) -> tuple[str, str, str]:
+        """The client-certificate mode in effect, the key that set it, and how it was set
+        (for messages: ``ssl_client_authentication is 'required'``, ``verify_client = true``)."""
+        mode = options.get("ssl_client_authentication", "none")
+        for key, meanings in cls.CLIENT_AUTH_ALIASES.items():
+            value = options.get(key)
+            if value in meanings:
+                return meanings[value], key, f"{key} = {_toml(value)}"
+        return mode, "ssl_client_authentication", f"ssl_client_authentication is {mode!r}"
+
+    @classmethod
+    def check_options(cls, options: dict[str, Any]) -> list[str]:
+        """Cross-key problems (``key: message``); subclasses add theirs to these."""
+        return cls.check_tls_options(options)
+
+    @classmethod
+    def check_tls_options(cls, options: dict[str, Any]) -> list[str]:
+        """``ssl_client_authentication`` (or an alias of it), ``ca_file`` and ``listen`` together."""
+        own = options.get("ssl_client_authentication", "none")
+        for key, meanings in cls.CLIENT_AUTH_ALIASES.items():
+            value = options.get(key)
+            if value in meanings and own not in ("none", meanings[value]):
+                # "none" is the default: it cannot be told apart from not given.
+                return [
+                    f"{key}: {key} = {_toml(value)} means ssl_client_authentication = {meanings[value]!r}, "
+                    f"which contradicts ssl_client_authentication = {own!r}; set only ssl_client_authentication"
+                ]
+        mode, key, setting = cls.client_authentication(options)
+        ca_file, listen = options.get("ca_file", ""), options["listen"]
+        if mode == "none":
+            if ca_file:
+                aliases = "".join(
+                    f" (or {k} = {_toml(v)})" for k, meanings in cls.CLIENT_AUTH_ALIASES.items() for v in meanings
+                )
+                return [
+                    f"ca_file: only used with ssl_client_authentication 'optional' or 'required'{aliases}; "
+                    "set it or remove ca_file"
+                ]
+            return []
+        if tls.endpoint_kind(listen) != "ssl":
+            shown = f"{mode!r} " if key == "ssl_client_authentication" else ""
+            return [f"{key}: {shown}needs an ssl: listen endpoint, got {listen!r}"]
+        if not ca_file:
+            return [f"ca_file: required when {setting}"]
+        try:
+            tls.check_server_endpoint(listen, mode, ca_file)
+        except ValueError as e:
+            return [f"listen: {e}"]
+        return []
+
     def endpoint(self) -> Any:
-        """The endpoint to listen on; sources with their own TLS settings override this."""
-        return endpoints.serverFromString(self.reactor, self.options["listen"])
+        """The endpoint to listen on: the ``listen`` string, asking TLS clients for a
+        certificate as ``ssl_client_authentication`` says."""
+        mode = self.client_authentication(self.options)[0]
+        return tls.server_endpoint(self.reactor, self.options["listen"], mode, self.options.get("ca_file") or None)
 
     def port_opened(self, port: Any) -> None:
         """Called once the main port listens, before it is announced; may raise to fail the start."""
