@@ -37,12 +37,12 @@ _HEADING = re.compile(r"^(#{1,6}) ", re.M)
 KINDS = ("sources", "filters", "sinks")
 
 
-def _shared() -> dict[str, tuple[type, dict[str, Option]]]:
-    """The tables of options a whole family of components shares: section -> (base class, options)."""
-    from logrouter.sinks.base import SINK_OPTIONS, SinkBase
-    from logrouter.sources.stream import STREAM_OPTIONS, StreamSource
+def _shared() -> dict[str, type]:
+    """The bases whose options a whole family of components shares: section -> base class."""
+    from logrouter.sinks.base import SinkBase
+    from logrouter.sources.stream import StreamSource
 
-    return {"sources.stream": (StreamSource, STREAM_OPTIONS), "sinks.common": (SinkBase, SINK_OPTIONS)}
+    return {"sources.stream": StreamSource, "sinks.common": SinkBase}
 
 
 def sections() -> dict[str, dict[str, Option]]:
@@ -51,18 +51,26 @@ def sections() -> dict[str, dict[str, Option]]:
     from logrouter.config.load import COMPACTION_OPTIONS, ROUTER_OPTIONS, SPOOL_OPTIONS
 
     registry.load_builtin()
-    shared = _shared()
     out: dict[str, dict[str, Option]] = {
         "router": ROUTER_OPTIONS,
         "spool": SPOOL_OPTIONS,
         "compaction": COMPACTION_OPTIONS,
     }
+    shared: dict[type, dict[str, Option]] = {}
     for kind in KINDS:
-        for section, (_, options) in shared.items():
+        classes = registry.KINDS[kind]
+        for section, base in _shared().items():
             if section.startswith(kind + "."):
-                out[section] = options
-        for type_name, cls in registry.KINDS[kind].items():
-            inherited = [options for base, options in shared.values() if issubclass(cls, base)]
+                family = [cls for cls in classes.values() if issubclass(cls, base)]
+                # A base's option every member replaces (a listen address with each one's
+                # own default) is theirs to show, not the family's.
+                shared[base] = out[section] = {
+                    key: option
+                    for key, option in base.OPTIONS.items()
+                    if not family or any(cls.OPTIONS.get(key) is option for cls in family)
+                }
+        for type_name, cls in classes.items():
+            inherited = [options for base, options in shared.items() if issubclass(cls, base)]
             out[f"{kind}.{type_name}"] = {
                 key: option
                 for key, option in cls.OPTIONS.items()

@@ -338,29 +338,33 @@ class FluentForwardSource(StreamSource):
     OPTIONS = {
         **StreamSource.OPTIONS,
         "listen": listen_option("tcp:24224"),
-        "max_message_bytes": Option(int, 64 << 20, "largest forward message accepted", positive),
-        "max_decompressed_bytes": Option(int, 256 << 20, "largest inflated CompressedPackedForward payload", positive),
+        "max_message_bytes": Option(int, 64 << 20, "largest forward message accepted; a larger one closes the connection", positive),
+        "max_decompressed_bytes": Option(int, 256 << 20, "largest inflated CompressedPackedForward payload; a larger one closes the connection", positive),
         "offload_bytes": Option(
             int,
             1 << 20,
-            "a message whose entries pass this size is decoded in worker threads, in parts, while "
+            "a message whose entries pass this size is inflated and decoded in worker threads, in parts, while "
             "its connection waits (0 = decode every message on the reactor thread)",
             non_negative,
         ),
         "offload_part_bytes": Option(
             int, 8 << 20, "entries per part of an offloaded message; each part is stored as one batch", positive
         ),
-        "offload_threads": Option(int, 2, "worker threads decoding offloaded messages, for all connections", positive),
-        "shared_key": Option(str, "", "shared key of the v1 handshake; set = every connection must pass it"),
-        "self_hostname": Option(str, "", "hostname this source answers the handshake with (empty = the host's name)"),
-        "users": Option(list, [], "{username, password} tables; non-empty = the handshake also checks a user", check_users),
+        "offload_threads": Option(int, 2, "worker threads decoding big messages, shared by all connections of the source", positive),
+        "shared_key": Option(str, "", "enables the Fluentd v1 handshake (HELO/PING/PONG): every connection must prove it knows this key before "
+            "anything it sends is accepted (empty = off)"),
+        "self_hostname": Option(str, "", "the name this source answers the handshake with (empty = the host's name); it must differ from the "
+            "client's own name (clients refuse \"same hostname\")"),
+        "users": Option(list, [], "`{ username = \"…\", password = \"…\" }` tables; when non-empty the handshake also checks a user (needs "
+            "`shared_key`)", check_users),
         "verify_client": Option(
             bool,
             False,
             'in_forward\'s name for `ssl_client_authentication = "required"`: `true` is the same (refused together '
             'with `ssl_client_authentication = "optional"`); `false` leaves `ssl_client_authentication` in charge',
         ),
-        "udp_heartbeat": Option(bool, True, "answer UDP heartbeats on the listener's interface and port"),
+        "udp_heartbeat": Option(bool, True, "also listen on UDP on the same interface and port as a `tcp:`/`ssl:` listener and answer every datagram "
+            "with one `0x00` byte (in_forward's heartbeat)"),
     }
 
     CLIENT_AUTH_ALIASES = {"verify_client": {True: "required"}}

@@ -314,24 +314,24 @@ class LumberjackSource(StreamSource):
     OPTIONS = {
         **StreamSource.OPTIONS,
         "listen": listen_option("tcp:5044"),
-        "tag": Option(str, "beats", "the batches' tag; ${field} and ${field:-default} insert event fields", check_tag),
-        "keep_metadata": Option(bool, True, "keep the @metadata object in records (false: drop it)"),
+        "tag": Option(str, "beats", "the batches' tag; `${field}` and `${field:-default}` insert event fields, e.g. `\"beats.${@metadata.beat}\"`", check_tag),
+        "keep_metadata": Option(bool, True, "keep the `@metadata` object in records (`false`: drop it once the tag is made)"),
         "keepalive_secs": Option(
-            (int, float), 5, "write ACK 0 this often while stored events wait for their ack (0 = never)", non_negative
+            (int, float), 5, "write `ACK 0` this often while stored events wait for their ack (0 = never)", non_negative
         ),
-        "max_window_size": Option(int, wire.DEFAULT_MAX_WINDOW_SIZE, "largest window (W) accepted", positive),
-        "max_frame_bytes": Option(int, wire.DEFAULT_MAX_FRAME_BYTES, "largest J/C/D frame accepted", positive),
+        "max_window_size": Option(int, wire.DEFAULT_MAX_WINDOW_SIZE, "largest window (`W`) accepted; a larger one closes the connection (go-lumber's default)", positive),
+        "max_frame_bytes": Option(int, wire.DEFAULT_MAX_FRAME_BYTES, "largest `J`, `D` or `C` frame accepted", positive),
         "max_decompressed_bytes": Option(
-            int, wire.DEFAULT_MAX_DECOMPRESSED_BYTES, "largest inflated content of one C frame", positive
+            int, wire.DEFAULT_MAX_DECOMPRESSED_BYTES, "largest inflated content of one `C` frame, nested frames included", positive
         ),
         "max_event_bytes": Option(
             int,
             wire.DEFAULT_MAX_EVENT_BYTES,
-            "largest single event: the JSON document of a J frame, a whole D frame (checked inside C frames too)",
+            "largest single event: the JSON document of a `J` frame, a whole `D` frame (checked inside `C` frames too)",
             positive,
         ),
         "max_data_fields": Option(
-            int, wire.DEFAULT_MAX_DATA_FIELDS, "most key/value pairs in one v1 D frame (one event)", positive
+            int, wire.DEFAULT_MAX_DATA_FIELDS, "most key/value pairs in one v1 `D` frame (one event)", positive
         ),
     }
 

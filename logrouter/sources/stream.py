@@ -36,15 +36,16 @@ STREAM_OPTIONS: dict[str, Option] = {
     "durability": Option(
         str,
         "",
-        "when this source's acks may be sent: fsync, os or none (empty = the spool's durability)",
+        "this source's own `fsync`, `os` or `none`: when its acks may be sent (empty = the spool's `durability`)",
         one_of("", "fsync", "os", "none"),
     ),
-    "max_connections": Option(int, 1024, "connections beyond this are closed at once", positive),
+    "max_connections": Option(int, 1024, "connections beyond this are refused: closed at once, logged and counted", positive),
     # A quarter of max_connections: one address can never take more than that, while a
     # real host opens a handful (a Beats worker or Fluent Bit/fluentd flush thread each).
     # Many clients behind one NAT or a proxy share an address: raise it or set 0 there.
     "max_connections_per_peer": Option(
-        int, 256, "connections from one IP address beyond this are closed at once (0 = no per-address cap)", non_negative
+        int, 256, "connections from one IP address beyond this are refused (0 = no per-address cap); behind a NAT or a TCP "
+        "proxy every client shares one address, so raise it or set 0 there", non_negative
     ),
     "idle_timeout_secs": Option(
         (int, float), 300, "close a connection silent for this long (0 = never)", non_negative
@@ -56,17 +57,18 @@ STREAM_OPTIONS: dict[str, Option] = {
         (int, float),
         30,
         "a frame that has begun to arrive must be complete within this many seconds, plus 1 s for every "
-        "frame_min_bytes_per_sec bytes of it received; time reading is paused by the router does not count (0 = no limit)",
+        "`frame_min_bytes_per_sec` bytes of it received (Apache mod_reqtimeout's `body=…,MinRate=…` model); time "
+        "reading is paused by the router does not count (0 = no limit)",
         non_negative,
     ),
     "frame_min_bytes_per_sec": Option(
-        (int, float), 500, "the receive rate that extends frame_timeout_secs (see there)", positive
+        (int, float), 500, "the receive rate that extends `frame_timeout_secs` (see there)", positive
     ),
     "stop_drain_secs": Option(
         (int, float),
         3,
         "on a graceful stop, how long connections may go on delivering what they had already sent "
-        "before they are closed (0 = close at once; at most a tenth of router.shutdown_timeout_secs)",
+        "before they are closed (0 = close at once; at most a tenth of `[router] shutdown_timeout_secs`)",
         non_negative,
     ),
     "stop_quiet_secs": Option(
