@@ -29,180 +29,15 @@ may refer to event fields (``"beats.${@metadata.beat}"``, see ``TagTemplate``).
 
 from __future__ import annotations
 
-import calendar
-import datetime
-import re
-from typing import Any, Callable
+from typing import Any
 
 from logrouter import registry
-from logrouter.batch import Batch
 from logrouter.config.endpoints import listen_option
 from logrouter.config.options import Option, non_negative, positive
 from logrouter.sources.acks import OrderedAcks
+from logrouter.sources.events import NANOS, TagTemplate, batch_builder, check_tag, timestamp_ns  # noqa: F401 - re-exported
 from logrouter.sources.stream import StreamProtocol, StreamSource
 from logrouter.wire import lumberjack as wire
-
-NANOS = 1_000_000_000
-
-
-# -- event time --------------------------------------------------------------------------
-
-_SECONDS_CACHE: dict[str, int | None] = {}
-_SECONDS_CACHE_LIMIT = 4096
-_FRACTION_SCALE = [10 ** (9 - n) for n in range(10)]
-
-
-def _whole_seconds(prefix: str) -> int | None:
-    """``YYYY-MM-DDTHH:MM:SS`` (UTC) as seconds since the epoch, cached (events of one
-    window mostly share a few seconds)."""
-    try:
-        return _SECONDS_CACHE[prefix]
-    except KeyError:
-        pass
-    seconds = None
-    if prefix[4] == "-" and prefix[7] == "-" and prefix[10] in "Tt " and prefix[13] == ":" and prefix[16] == ":":
-        try:
-            seconds = calendar.timegm(datetime.datetime.fromisoformat(prefix.replace("t", "T")).timetuple())
-        except ValueError:
-            seconds = None
-    if len(_SECONDS_CACHE) >= _SECONDS_CACHE_LIMIT:
-        _SECONDS_CACHE.clear()
-    _SECONDS_CACHE[prefix] = seconds
-    return seconds
-
-
-def _time_of(stamp: Any, now: int) -> int:
-    """``@timestamp`` as ns since the epoch, or ``now`` when it is no RFC 3339 string."""
-    if stamp.__class__ is str:
-        t = timestamp_ns(stamp)
-        if t is not None:
-            return t
-    return now
-
-
-def timestamp_ns(text: str) -> int | None:
-    """An RFC 3339 time (``2024-01-02T03:04:05.678Z``, any fraction up to nanoseconds,
-    ``Z`` or ``±HH:MM``) as nanoseconds since the epoch; None when it does not parse.
-
-    The common Beats form (UTC, ``Z``) takes a cached fast path; offsets go through
-    ``datetime.fromisoformat`` (a time without an offset is taken as UTC).
-    """
-    if len(text) >= 20 and text[-1] in "Zz":
-        seconds = _whole_seconds(text[:19])
-        if seconds is None:
-            return None
-        fraction = text[19:-1]
-        if not fraction:
-            return seconds * NANOS
-        digits = fraction[1:10]
-        if fraction[0] == "." and digits.isascii() and digits.isdigit() and fraction[1:].isdigit():
-            return seconds * NANOS + int(digits) * _FRACTION_SCALE[len(digits)]
-        return None
-    try:
-        parsed = datetime.datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    if parsed.tzinfo is None:
-        parsed = parsed.replace(tzinfo=datetime.timezone.utc)
-    whole = calendar.timegm(parsed.utctimetuple())
-    return whole * NANOS + parsed.microsecond * 1000
-
-
-# -- tags --------------------------------------------------------------------------------
-
-_FIELD = re.compile(r"\$\{([^{}]*)\}")
-
-
-def _scalar_text(value: Any) -> str | None:
-    if value is None or isinstance(value, (dict, list)):
-        return None
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
-    return str(value)
-
-
-class TagTemplate:
-    """A ``tag`` option: literal text with ``${field}`` references to event fields.
-
-    ``${@metadata.beat}`` walks nested objects (``record["@metadata"]["beat"]``); a
-    top-level key that itself contains the dots is found first. ``${field:-text}`` gives
-    ``text`` when the field is missing, null, an object or an array; without a default
-    that part is empty. Scalars are used as text (``true``/``false`` for booleans). A
-    ``$`` not followed by ``{`` is literal.
-    """
-
-    def __init__(self, template: str) -> None:
-        self.template = template
-        self.parts: list[str | tuple[str, tuple[str, ...], str]] = []
-        pos = 0
-        for m in _FIELD.finditer(template):
-            if m.start() > pos:
-                self.parts.append(template[pos : m.start()])
-            name, _, default = m.group(1).partition(":-")
-            name = name.strip()
-            if not name or any(not key for key in name.split(".")):
-                raise ValueError(f"bad field reference {m.group(0)!r} in tag {template!r}")
-            self.parts.append((name, tuple(name.split(".")), default))
-            pos = m.end()
-        rest = template[pos:]
-        if "${" in rest:
-            raise ValueError(f"unterminated '${{' in tag {template!r}")
-        if rest:
-            self.parts.append(rest)
-        self.static: str | None = template if all(isinstance(p, str) for p in self.parts) else None
-        self.render = self._compile()
-
-    def _compile(self) -> Callable[[dict[str, Any]], str]:
-        """A renderer specialised for this template (it runs once per event)."""
-        if self.static is not None:
-            static = self.static
-            return lambda record: static
-        pieces: list[Any] = [p if isinstance(p, str) else _field_getter(*p) for p in self.parts]
-        if len(pieces) <= 3 and sum(not isinstance(p, str) for p in pieces) == 1:
-            # The common shape, prefix.${field}.suffix: two concatenations.
-            i = next(i for i, p in enumerate(pieces) if not isinstance(p, str))
-            prefix, get, suffix = "".join(pieces[:i]), pieces[i], "".join(pieces[i + 1 :])
-            return lambda record: prefix + get(record) + suffix
-
-        def render(record: dict[str, Any]) -> str:
-            return "".join([p if p.__class__ is str else p(record) for p in pieces])
-
-        return render
-
-
-def _field_getter(name: str, keys: tuple[str, ...], default: str) -> Callable[[dict[str, Any]], str]:
-    if len(keys) == 1:
-
-        def get_top(record: dict[str, Any]) -> str:
-            value = record.get(name)
-            if value.__class__ is str:
-                return value
-            text = _scalar_text(value)
-            return default if text is None else text
-
-        return get_top
-
-    def get_path(record: dict[str, Any]) -> str:
-        value = record.get(name)  # a top-level key with the dots in it wins
-        if value is None:
-            value = record
-            for key in keys:
-                value = value.get(key) if isinstance(value, dict) else None
-                if value is None:
-                    break
-        if value.__class__ is str:
-            return value
-        text = _scalar_text(value)
-        return default if text is None else text
-
-    return get_path
-
-
-def check_tag(value: str) -> None:
-    TagTemplate(value)
-
 
 # -- the protocol ------------------------------------------------------------------------
 
@@ -339,61 +174,10 @@ class LumberjackSource(StreamSource):
         super().__init__(*args, **kwargs)
         self.invalid_events = 0
         self.tag_template = TagTemplate(self.options["tag"])
-        self.batches = self._batch_builder()
+        self.batches = batch_builder(self.tag_template, drop_metadata=not self.options["keep_metadata"])
 
     def pause_reading(self) -> None:
         super().pause_reading()
         for connection in self.connections:
             if connection.stalled_by_us():  # type: ignore[attr-defined]
                 connection.acks.wait_began()  # type: ignore[attr-defined]
-
-    def _batch_builder(self) -> Callable[[list[dict[str, Any]], int], list[Batch]]:
-        """The per-event work, specialised once for this source's options."""
-        static_tag = self.tag_template.static
-        render = self.tag_template.render
-        drop_metadata = not self.options["keep_metadata"]
-        whole_seconds = _SECONDS_CACHE.get
-
-        def timed(records: list[dict[str, Any]], now: int) -> list[tuple[int, dict[str, Any]]]:
-            events = []
-            append = events.append
-            last: Any = None
-            t = now
-            for r in records:
-                stamp = r.get("@timestamp")
-                if stamp != last:  # consecutive events mostly share their stamp: parse once
-                    last = stamp
-                    t = -1
-                    # Inline fast path for Beats' own form, 2024-01-02T03:04:05.678Z.
-                    if stamp.__class__ is str and len(stamp) == 24 and stamp[19] == "." and stamp[23] == "Z":
-                        seconds = whole_seconds(stamp[:19])
-                        millis = stamp[20:23]
-                        if seconds is not None and millis.isdigit():
-                            t = seconds * NANOS + int(millis) * 1_000_000
-                    if t < 0:
-                        t = _time_of(stamp, now)
-                append((t, r))
-            return events
-
-        def batches(records: list[dict[str, Any]], now: int) -> list[Batch]:
-            if not records:
-                return []
-            if static_tag is not None:
-                if drop_metadata:
-                    for r in records:
-                        r.pop("@metadata", None)
-                return [Batch(static_tag, timed(records, now))]
-            by_tag: dict[str, list[dict[str, Any]]] = {}
-            for r in records:
-                tag = render(r)
-                group = by_tag.get(tag)
-                if group is None:
-                    by_tag[tag] = [r]
-                else:
-                    group.append(r)
-            if drop_metadata:
-                for r in records:
-                    r.pop("@metadata", None)
-            return [Batch(tag, timed(group, now)) for tag, group in by_tag.items()]
-
-        return batches
