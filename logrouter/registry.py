@@ -20,6 +20,7 @@ KINDS = {"sources": SOURCES, "filters": FILTERS, "sinks": SINKS}
 BUILTIN_MODULES = (
     "logrouter.sources.fluent_forward",
     "logrouter.sources.lumberjack",
+    "logrouter.sources.log_courier",
     "logrouter.filters.match",
     "logrouter.filters.grep",
     "logrouter.filters.fields",

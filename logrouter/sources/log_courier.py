@@ -1,0 +1,190 @@
+"""The ``log_courier`` source: the Log Courier ("courier") protocol, as Log Carver serves it.
+
+Point a Log Courier shipper (``network.transport`` ``tcp`` or ``tls``) at it. The wire is
+``logrouter.wire.log_courier``; what this module adds (``protocols/log-courier.md``):
+
+- **Handshake** (the stream base's hook): a ``HELO`` first gets ``VERS`` with the EVNT bit
+  set, so the shipper streams its payloads (``EVNT``); a first ``JDAT``/``EVNT`` is a client
+  from before the handshake and is served as is; any other first message closes the
+  connection. A later ``HELO``, and any type the codec skipped as unknown, is answered
+  with ``????`` (the Ruby server's leniency; Log Carver closes instead).
+- **Acks mean durable, in order.** Each payload (its 16-byte nonce and its events) is
+  stored as one batch per tag; ``ACKN nonce N`` goes out once all of them are durable, in
+  payload arrival order (``logrouter.sources.acks``), while several payloads are in
+  flight. While payloads wait, the current count of the oldest one (often 0) is repeated
+  every ``keepalive_secs`` in which nothing was written, as Log Carver does every 5 s: it
+  re-arms the shipper's network timeout.
+- **Retransmissions:** the shipper resends a payload it has no full ``ACKN`` for with the
+  same nonce after a reconnect; the nonce is the payload's idempotency key, so it is
+  acknowledged without being stored twice.
+- ``PING`` gets ``PONG`` (also while acks are owed: Log Carver would close, a shipper that
+  pings then is only checking the line).
+- Events: each JSON object is a record; ``@timestamp`` gives the event time and ``tag``
+  (a template, as for ``lumberjack``) the batch's tag (``logrouter.sources.events``). A
+  record that is not a JSON object is kept as ``{"message": text}`` and counted.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from logrouter import registry
+from logrouter.batch import Batch
+from logrouter.config.endpoints import listen_option
+from logrouter.config.options import Option, non_negative, positive
+from logrouter.sources.acks import OrderedAcks
+from logrouter.sources.events import NANOS, TagTemplate, batch_builder, check_tag
+from logrouter.sources.stream import HandshakeDone, HandshakeFailed, StreamProtocol, StreamSource
+from logrouter.wire import log_courier as wire
+
+_HEADER = struct.Struct(">4sI")
+SERVER_ID = b"LGRT"  # our 4-byte id in VERS (Log Carver says LCVR, the Ruby server RYLC)
+SERVER_VERSION = (2, 12, 0)  # the protocol level we speak: Log Carver 2.12's
+
+
+class LogCourierProtocol(StreamProtocol):
+    client_id = ""  # from the HELO; "" for a client from before the handshake
+
+    def __init__(self, source: "LogCourierSource") -> None:
+        super().__init__(source)
+        self.acks = OrderedAcks(
+            source.reactor,
+            self._write_acks,
+            wire.encode_ackn,
+            source.options["keepalive_secs"],
+            self._encode_keepalive,
+        )
+        self._greeting = b""  # the first message, while it is incomplete
+
+    def make_decoder(self) -> wire.LogCourierDecoder:
+        options = self.source.options
+        return wire.LogCourierDecoder(
+            max_payload_bytes=options["max_payload_bytes"],
+            max_event_bytes=options["max_event_bytes"],
+            max_decompressed_bytes=options["max_decompressed_bytes"],
+        )
+
+    def connection_ready(self) -> None:
+        self.expect_handshake()
+
+    # -- handshake (HELO -> VERS) ----------------------------------------------------------
+
+    def handshake_received(self, data: bytes) -> HandshakeDone | HandshakeFailed | None:
+        greeting = self._greeting + data
+        if len(greeting) < _HEADER.size:
+            self._greeting = greeting
+            return None
+        code, length = _HEADER.unpack_from(greeting)
+        if code in (wire.JDAT, wire.EVNT):
+            self._greeting = b""
+            return HandshakeDone(rest=greeting)  # a client from before the handshake
+        if code != wire.HELO:
+            shown = code.decode("ascii", "backslashreplace")
+            return HandshakeFailed(f"first message is {shown!r}, expected HELO (or JDAT/EVNT)", b"")
+        if length > wire.HANDSHAKE_BYTES:
+            return HandshakeFailed(f"HELO body of {length} bytes (at most {wire.HANDSHAKE_BYTES})", b"")
+        end = _HEADER.size + length
+        if len(greeting) < end:
+            self._greeting = greeting
+            return None
+        self._greeting = b""
+        (helo,) = wire.LogCourierDecoder().feed(greeting[:end])
+        self.client_id = helo.client_id or "unknown"
+        vers = wire.encode_vers(True, SERVER_VERSION, SERVER_ID)
+        return HandshakeDone(rest=greeting[end:], reply=vers)
+
+    # -- messages ----------------------------------------------------------------------------
+
+    def handle(self, message: Any) -> None:
+        kind = message.__class__
+        if kind is wire.Payload:
+            self._payload(message)
+        elif kind is wire.Ping:
+            self.send(wire.encode_pong())
+        else:  # a HELO after the first message, or a type the codec skipped as unknown
+            source: LogCourierSource = self.source  # type: ignore[assignment]
+            source.unknown_messages += 1
+            self.send(wire.encode_unknown())
+
+    def _payload(self, payload: wire.Payload) -> None:
+        source: LogCourierSource = self.source  # type: ignore[assignment]
+        if payload.invalid:
+            source.invalid_events += payload.invalid
+            self.log.warn(
+                "log_courier {peer}: {count} event(s) of payload {nonce} are not JSON objects ({reason}); "
+                "kept as {{\"message\": text}}",
+                peer=self.peer,
+                count=payload.invalid,
+                nonce=payload.nonce.hex(),
+                reason=payload.invalid_reason,
+            )
+        batches = source.batches(payload.events, int(source.reactor.seconds() * NANOS))
+        step = self.acks.add(payload.nonce, len(payload.events), len(batches))
+        for batch in batches:
+            self.submit(batch, self.acks.on_durable(step), self._key(payload.nonce, batch, len(batches)))
+
+    @staticmethod
+    def _key(nonce: bytes, batch: Batch, count: int) -> bytes:
+        # A payload split by tag is stored as several batches: each its own id, the same
+        # on every resend (the split is a function of the payload).
+        return nonce if count == 1 else nonce + b"\0" + batch.tag.encode("utf-8", "surrogateescape")
+
+    # -- acknowledging ----------------------------------------------------------------------
+
+    def _encode_keepalive(self, nonce: Any, count: int) -> bytes:
+        return b"" if nonce is None else wire.encode_ackn(nonce, count)
+
+    def _write_acks(self, data: bytes) -> None:
+        self.send(data)
+        self.resetTimeout()  # the client's turn starts now: idleness counts from here
+
+    def timeoutConnection(self) -> None:
+        if self.acks.waiting() and not self.closing:
+            self.setTimeout(self.source.options["idle_timeout_secs"])  # it waits for us: not idle
+            return
+        super().timeoutConnection()
+
+    def store_failed(self, failure: Any) -> None:
+        self.acks.close()
+        super().store_failed(failure)
+
+    def close_now(self) -> None:
+        self.acks.close()
+        super().close_now()
+
+    def connectionLost(self, reason: Any = None) -> None:
+        self.acks.close()
+        super().connectionLost(reason)
+
+
+@registry.source("log_courier")
+class LogCourierSource(StreamSource):
+    protocol_class = LogCourierProtocol
+    COUNTERS = {
+        "invalid_events": "events that were not JSON objects (kept as {message: text})",
+        "unknown_messages": "messages answered with ???? (unknown types, a HELO after the first message)",
+        **StreamSource.COUNTERS,
+    }
+    OPTIONS = {
+        **StreamSource.OPTIONS,
+        "listen": listen_option("tcp:5043"),
+        "tag": Option(str, "log_courier", "the batches' tag; ${field} and ${field:-default} insert event fields", check_tag),
+        "keepalive_secs": Option(
+            (int, float), 5, "repeat the oldest waiting payload's ACKN this often while acks are owed (0 = never)",
+            non_negative,
+        ),
+        "max_payload_bytes": Option(
+            int, wire.DEFAULT_MAX_PAYLOAD_BYTES, "largest JDAT body, or EVNT nonce plus compressed stream", positive
+        ),
+        "max_event_bytes": Option(int, wire.DEFAULT_MAX_EVENT_BYTES, "largest single event (one JSON record)", positive),
+        "max_decompressed_bytes": Option(
+            int, wire.DEFAULT_MAX_DECOMPRESSED_BYTES, "largest inflated content of one payload", positive
+        ),
+    }
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.invalid_events = 0
+        self.unknown_messages = 0
+        self.batches = batch_builder(TagTemplate(self.options["tag"]))

@@ -1,0 +1,155 @@
+"""The log_courier source's glue: StringTransport, task.Clock and a router whose ``ingest``
+returns Deferreds fired by hand, so the handshake, ordered ACKNs and keepalives are
+checked to the byte and to the tick."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet import defer, task
+from twisted.internet.address import IPv4Address
+from twisted.internet.testing import StringTransport
+
+from logrouter.sources.log_courier import SERVER_ID, LogCourierSource
+from logrouter.wire import log_courier as lc
+
+T0 = 1_700_000_000
+NOW_NS = T0 * 1_000_000_000
+N1, N2, N3 = (bytes([i]) * 16 for i in (1, 2, 3))
+
+
+class FakeRouter:
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, Any, defer.Deferred]] = []
+
+    def ingest(self, batch: Any, key: Any = None) -> defer.Deferred:
+        d: defer.Deferred = defer.Deferred()
+        self.calls.append((batch, key, d))
+        return d
+
+    def fire(self, index: int) -> None:
+        self.calls[index][2].callback(None)
+
+
+class Conn:
+    def __init__(self, source: LogCourierSource) -> None:
+        self.transport = StringTransport(peerAddress=IPv4Address("TCP", "192.0.2.9", 40000))
+        self.protocol = source.factory().buildProtocol(None)
+        self.protocol.makeConnection(self.transport)
+
+    def send(self, data: bytes) -> None:
+        self.protocol.dataReceived(data)
+
+    def replies(self) -> list[Any]:
+        data = self.transport.value()
+        self.transport.clear()
+        return lc.AcknDecoder().feed(data)
+
+
+def make_source(**overrides: Any) -> tuple[LogCourierSource, FakeRouter, task.Clock]:
+    options = {k: o.default for k, o in LogCourierSource.OPTIONS.items()}
+    options.update(overrides)
+    clock = task.Clock()
+    clock.advance(T0)
+    router = FakeRouter()
+    return LogCourierSource("courier", options, router, clock), router, clock
+
+
+def events(n: int, start: int = 0) -> list[dict]:
+    return [{"message": f"line {i}", "@timestamp": "2024-01-02T03:04:05.5Z"} for i in range(start, start + n)]
+
+
+def test_helo_gets_vers_with_evnt_then_payloads_are_acked_once_durable():
+    source, router, clock = make_source()
+    conn = Conn(source)
+    conn.send(lc.encode_helo(False, (2, 12, 0), b"LCOR"))
+    (vers,) = conn.replies()
+    assert isinstance(vers, lc.Vers) and vers.supports_evnt and vers.client_id == SERVER_ID.decode()
+    assert conn.protocol.client_id == "LCOR"
+    conn.send(lc.encode_evnt(N1, events(3)) + lc.encode_jdat(N2, events(2, 3)))
+    assert len(router.calls) == 2 and conn.replies() == []
+    batch, key, _ = router.calls[0]
+    assert key == N1 and batch.tag == "log_courier" and batch.source == "courier"
+    assert [r["message"] for _, r in batch.events] == ["line 0", "line 1", "line 2"]
+    assert batch.events[0][0] == 1704164645_500_000_000  # from @timestamp
+    router.fire(1)  # the second payload is durable first: its ACKN waits for the first's
+    assert conn.replies() == []
+    router.fire(0)
+    assert conn.replies() == [lc.Ackn(N1, 3), lc.Ackn(N2, 2)]
+
+
+def test_a_client_from_before_the_handshake_sends_jdat_first():
+    source, router, _ = make_source()
+    conn = Conn(source)
+    data = lc.encode_jdat(N1, events(1))
+    for i in range(len(data)):  # byte by byte through the handshake hook
+        conn.send(data[i : i + 1])
+    assert len(router.calls) == 1 and conn.protocol.client_id == ""
+    router.fire(0)
+    assert conn.replies() == [lc.Ackn(N1, 1)]
+
+
+def test_a_first_message_that_is_neither_helo_nor_data_closes_the_connection():
+    source, router, _ = make_source()
+    conn = Conn(source)
+    conn.send(lc.encode_ping())
+    assert conn.transport.disconnecting and source.decode_errors == 1 and not router.calls
+
+
+def test_ping_pong_unknown_types_and_a_late_helo():
+    source, _, _ = make_source()
+    conn = Conn(source)
+    conn.send(lc.encode_helo())
+    conn.replies()
+    conn.send(lc.encode_ping() + b"ZZZZ\x00\x00\x00\x02hi" + lc.encode_helo())
+    assert conn.replies() == [lc.Pong(), lc.Unknown(), lc.Unknown()]
+    assert source.unknown_messages == 2 and not conn.transport.disconnecting
+
+
+def test_waiting_payloads_get_their_count_repeated_every_keepalive():
+    source, router, clock = make_source(keepalive_secs=5)
+    conn = Conn(source)
+    conn.send(lc.encode_helo())
+    conn.replies()
+    conn.send(lc.encode_jdat(N1, events(2)))
+    clock.advance(5)
+    assert conn.replies() == [lc.Ackn(N1, 0)]  # Log Carver's partial ACKN: still working
+    clock.advance(5)
+    assert conn.replies() == [lc.Ackn(N1, 0)]
+    router.fire(0)
+    assert conn.replies() == [lc.Ackn(N1, 2)]
+    clock.advance(60)
+    assert conn.replies() == []  # nothing owed, nothing written
+
+
+def test_a_payload_split_by_tag_gets_one_ack_after_every_part_and_stable_keys():
+    source, router, _ = make_source(tag="app.${service:-none}")
+    conn = Conn(source)
+    records = [{"message": "a", "service": "web"}, {"message": "b", "service": "db"}, {"message": "c"}]
+    conn.send(lc.encode_jdat(N3, records))
+    keys = [key for _, key, _ in router.calls]
+    assert [b.tag for b, _, _ in router.calls] == ["app.web", "app.db", "app.none"]
+    assert keys == [N3 + b"\0app.web", N3 + b"\0app.db", N3 + b"\0app.none"]
+    router.fire(0)
+    router.fire(2)
+    assert conn.replies() == []
+    router.fire(1)
+    assert conn.replies() == [lc.Ackn(N3, 3)]
+
+
+def test_events_that_are_not_objects_are_kept_and_counted():
+    source, router, _ = make_source()
+    conn = Conn(source)
+    conn.send(lc.encode_jdat(N1, [b"not json", {"message": "ok"}]))
+    batch, _, _ = router.calls[0]
+    assert [r["message"] for _, r in batch.events] == ["not json", "ok"]
+    assert source.invalid_events == 1
+
+
+def test_bad_zlib_closes_only_that_connection():
+    source, router, _ = make_source()
+    good, bad = Conn(source), Conn(source)
+    bad.send(b"JDAT\x00\x00\x00\x14" + N1 + b"\x00\x01\x02\x03")
+    assert bad.transport.disconnecting and source.decode_errors == 1
+    good.send(lc.encode_jdat(N2, events(1)))
+    assert len(router.calls) == 1 and not good.transport.disconnecting
