@@ -46,6 +46,7 @@ RAW = -15  # bare deflate
 
 DEFAULT_STEP_BYTES = 1 << 20  # at most this much output per zlib call
 INPUT_SLICE_BYTES = 64 << 10  # compressed input handed to zlib per call
+FIRST_SLICE_BYTES = 4 << 10  # a StreamInflater's first slice; they double up to the above
 
 
 class InflateError(Exception):
@@ -168,6 +169,8 @@ class StreamInflater:
         self._inflater = zlib.decompressobj(wbits)
         self._full = False  # the last call filled its output: zlib may hold more
         self._unused = b""
+        self._slice = FIRST_SLICE_BYTES
+        self.last_used = 0
         self._failed: InflateError | None = None
 
     @property
@@ -189,12 +192,18 @@ class StreamInflater:
         if not self._inflater.eof:
             raise InflateError("compressed data is truncated")
 
-    def feed(self, data: bytes | bytearray | memoryview) -> bytes:
+    def feed(self, data: bytes | bytearray | memoryview, *, keep_unused: bool = True) -> bytes:
+        """Inflate ``data``; return its output. ``last_used`` tells how many bytes of
+        ``data`` belonged to the stream (all, unless it ended in them). A caller that
+        reads the rest from its own buffer passes ``keep_unused=False``: ``unused_data``
+        then stays empty and nothing after the stream is copied."""
         if self._failed is not None:
             raise InflateError(f"inflater already failed: {self._failed.reason}", self._failed.too_big)
         inflater = self._inflater
         if inflater.eof:
-            self._unused += bytes(data)
+            self.last_used = 0
+            if keep_unused:
+                self._unused += bytes(data)
             return b""
         view = memoryview(data)
         size = len(view)
@@ -207,7 +216,10 @@ class StreamInflater:
                 # New input only once zlib has handed out all it held: a limit is then hit
                 # at the same place in the output however the input was split.
                 if not pending and not self._full and position < size:
-                    take = INPUT_SLICE_BYTES
+                    # Slices start small and grow: zlib copies what follows the stream's end
+                    # in the last slice, so a small stream costs a small copy.
+                    take = self._slice
+                    self._slice = min(take * 2, INPUT_SLICE_BYTES)
                     if self._left is not None:
                         if self._left <= 0:
                             raise InflateError(
@@ -237,5 +249,9 @@ class StreamInflater:
             self._failed = e
             raise
         if inflater.eof:
-            self._unused = inflater.unused_data + bytes(view[position:])
+            self.last_used = position - len(inflater.unused_data)
+            if keep_unused:
+                self._unused = inflater.unused_data + bytes(view[position:])
+        else:
+            self.last_used = size
         return b"".join(parts)
