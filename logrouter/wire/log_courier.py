@@ -313,16 +313,17 @@ class LogCourierDecoder:
         out: list[Frame] = []
         try:
             if self._stream is not None:
-                data = self._stream_feed(data, out)
+                used = self._stream_feed(data, out)
                 if self._stream is not None:
                     return out
+                data = data[used:]
             buf = self._buffer
             buf += data
             if len(buf) >= self._need:
                 self._parse(out)
         except DecodeError as error:
             self._failed = error.reason
-            self._buffer = bytearray()
+            self._buffer = bytearray()  # a new one: a traceback may still hold views of the old
             self._stream = None
             self._parts = []
             error.messages = out
@@ -368,15 +369,17 @@ class LogCourierDecoder:
                 self._stream = StreamInflater(
                     self.max_decompressed_bytes, max_input=max(self.max_payload_bytes - NONCE_BYTES, 0)
                 )
-                rest = bytes(buf[pos + 8 + NONCE_BYTES :])
-                buf.clear()
-                rest = self._stream_feed(rest, out)
+                start = pos + 8 + NONCE_BYTES
+                view = memoryview(buf)[start:]
+                try:
+                    used = self._stream_feed(view, out)
+                finally:
+                    view.release()
                 if self._stream is not None:
+                    buf.clear()  # all of it went into the stream
                     self._need = 8
                     return
-                buf += rest
-                end = len(buf)
-                pos = 0
+                pos = start + used
             elif code == PING or code == UNKN:
                 if length:
                     raise DecodeError(f"{code.decode()} message with a {length}-byte body (must be empty)")
@@ -414,24 +417,24 @@ class LogCourierDecoder:
             del buf[:pos]
         self._need = need
 
-    def _stream_feed(self, data: bytes | bytearray | memoryview, out: list[Frame]) -> bytes | bytearray | memoryview:
-        """Hand ``data`` to the EVNT being inflated; once it ends, add its ``Payload`` and
-        return the bytes after it (the next message's)."""
+    def _stream_feed(self, data: bytes | bytearray | memoryview, out: list[Frame]) -> int:
+        """Hand ``data`` to the EVNT being inflated; once it ends, add its ``Payload``.
+        Return how many bytes of ``data`` belonged to the EVNT (the rest is the next message)."""
         stream = self._stream
         assert stream is not None
         try:
-            piece = stream.feed(data)
+            piece = stream.feed(data, keep_unused=False)
         except InflateError as e:
             raise self._inflate_error("EVNT", e) from None
         if piece:
             self._parts.append(piece)
         if not stream.eof:
-            return b""
+            return len(data)
         content = b"".join(self._parts)
         self._parts = []
         self._stream = None
         out.append(self._payload("EVNT", self._nonce, content))
-        return stream.unused_data
+        return stream.last_used
 
     def _inflate_error(self, kind: str, error: InflateError) -> DecodeError:
         if error.too_big and "inflates" in error.reason:
