@@ -102,10 +102,13 @@ class LogCourierProtocol(StreamProtocol):
             self._payload(message)
         elif kind is wire.Ping:
             self.send(wire.encode_pong())
-        else:  # a HELO after the first message, or a type the codec skipped as unknown
+        else:
             source: LogCourierSource = self.source  # type: ignore[assignment]
             source.unknown_messages += 1
-            self.send(wire.encode_unknown())
+            if kind is not wire.Unknown:
+                # A HELO after the first message, or a type the codec skipped: say so. A
+                # client's own ???? is not answered in kind, or two peers could bounce it forever.
+                self.send(wire.encode_unknown())
 
     def _payload(self, payload: wire.Payload) -> None:
         source: LogCourierSource = self.source  # type: ignore[assignment]
@@ -163,7 +166,7 @@ class LogCourierSource(StreamSource):
     protocol_class = LogCourierProtocol
     COUNTERS = {
         "invalid_events": "events that were not JSON objects (kept as {message: text})",
-        "unknown_messages": "messages answered with ???? (unknown types, a HELO after the first message)",
+        "unknown_messages": "messages not understood: unknown types and a late HELO (answered with ????), a client's ????",
         **StreamSource.COUNTERS,
     }
     OPTIONS = {
