@@ -153,3 +153,23 @@ def test_bad_zlib_closes_only_that_connection():
     assert bad.transport.disconnecting and source.decode_errors == 1
     good.send(lc.encode_jdat(N2, events(1)))
     assert len(router.calls) == 1 and not good.transport.disconnecting
+
+
+def test_paused_in_the_middle_of_a_payload_the_shipper_gets_ackn_0():
+    source, router, clock = make_source(keepalive_secs=5)
+    conn = Conn(source)
+    conn.send(lc.encode_helo())
+    conn.replies()
+    data = lc.encode_evnt(N1, events(100))
+    conn.send(data[:40])  # the nonce and part of the stream
+    source.pause_reading()  # the spool is full
+    clock.advance(5)
+    assert conn.replies() == [lc.Ackn(N1, 0)]
+    clock.advance(5)
+    assert conn.replies() == [lc.Ackn(N1, 0)]
+    source.resume_reading()
+    conn.send(data[40:])
+    router.fire(0)
+    assert conn.replies() == [lc.Ackn(N1, 100)]
+    clock.advance(30)
+    assert conn.replies() == []

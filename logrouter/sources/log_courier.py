@@ -13,7 +13,8 @@ Point a Log Courier shipper (``network.transport`` ``tcp`` or ``tls``) at it. Th
   payload arrival order (``logrouter.sources.acks``), while several payloads are in
   flight. While payloads wait, the current count of the oldest one (often 0) is repeated
   every ``keepalive_secs`` in which nothing was written, as Log Carver does every 5 s: it
-  re-arms the shipper's network timeout.
+  re-arms the shipper's network timeout. The same goes for a payload whose reading
+  backpressure paused half way (its nonce is known): ``ACKN nonce 0``.
 - **Retransmissions:** the shipper resends a payload it has no full ``ACKN`` for with the
   same nonce after a reconnect; the nonce is the payload's idempotency key, so it is
   acknowledged without being stored twice.
@@ -54,6 +55,7 @@ class LogCourierProtocol(StreamProtocol):
             wire.encode_ackn,
             source.options["keepalive_secs"],
             self._encode_keepalive,
+            also_waiting=self.stalled_by_us,
         )
         self._greeting = b""  # the first message, while it is incomplete
 
@@ -136,7 +138,14 @@ class LogCourierProtocol(StreamProtocol):
     # -- acknowledging ----------------------------------------------------------------------
 
     def _encode_keepalive(self, nonce: Any, count: int) -> bytes:
+        if nonce is None:  # nothing stored waits: the payload we stopped reading does
+            nonce = self.decoder.nonce_in_progress
         return b"" if nonce is None else wire.encode_ackn(nonce, count)
+
+    def stalled_by_us(self) -> bool:
+        """Reading is paused (backpressure) in the middle of a payload: the shipper waits for
+        an ACKN we cannot give yet, and would time out and resend without a partial one."""
+        return self.source.paused and self.decoder.nonce_in_progress is not None
 
     def _write_acks(self, data: bytes) -> None:
         self.send(data)
@@ -185,6 +194,12 @@ class LogCourierSource(StreamSource):
             int, wire.DEFAULT_MAX_DECOMPRESSED_BYTES, "largest inflated content of one payload", positive
         ),
     }
+
+    def pause_reading(self) -> None:
+        super().pause_reading()
+        for connection in self.connections:
+            if connection.stalled_by_us():  # type: ignore[attr-defined]
+                connection.acks.wait_began()  # type: ignore[attr-defined]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -307,6 +307,19 @@ class LogCourierDecoder:
             return 8 + NONCE_BYTES + stream.consumed
         return len(self._buffer)
 
+    @property
+    def nonce_in_progress(self) -> bytes | None:
+        """The nonce of a payload whose nonce has arrived but not its end, else None.
+
+        A server that stops reading in the middle of a payload can still tell the client,
+        with a partial ``ACKN`` of it, that it is alive (Log Carver's 5-second ACKN)."""
+        if self._stream is not None:
+            return self._nonce
+        buf = self._buffer
+        if len(buf) >= 8 + NONCE_BYTES and buf[:4] == JDAT:
+            return bytes(buf[8 : 8 + NONCE_BYTES])
+        return None
+
     def feed(self, data: bytes | bytearray | memoryview) -> list[Frame]:
         if self._failed is not None:
             raise DecodeError(f"decoder already failed: {self._failed}")
