@@ -18,10 +18,12 @@ arrival order and
   written (Lumberjack: ``A`` 0; Log Courier: the current partial ``ACKN`` of the oldest
   payload still pending, possibly with count 0).
 
-It has no Twisted protocol of its own: time comes from the injected clock (an
-``IReactorTime``), bytes go out through the injected ``write``, and the protocol says how
-an ack and a keepalive are encoded. One instance per connection; ``close`` when the
-connection is lost or aborted.
+``OrderedAcks`` has no Twisted protocol of its own: time comes from the injected clock
+(an ``IReactorTime``), bytes go out through the injected ``write``, and the protocol says
+how an ack and a keepalive are encoded. One instance per connection; ``close`` when the
+connection is lost or aborted. ``AckingConnection`` and ``AckingSource`` are the mixins
+that wire it into a stream protocol and its source, so a protocol only says how its acks
+and keepalives look.
 """
 
 from __future__ import annotations
@@ -211,3 +213,73 @@ class OrderedAcks:
         self.steps.clear()
         self.steps_per_key.clear()
         self.acked.clear()
+
+
+class AckingConnection:
+    """The glue every stream protocol with ordered partial acks needs; mix it in before
+    ``StreamProtocol`` and define ``encode_ack(key, value)``, ``encode_keepalive(key,
+    acked)`` and ``stalled_by_us()`` (reading paused while the client waits in the middle
+    of a group, so keepalives go on).
+
+    It builds ``self.acks`` (keepalive interval: the source's ``keepalive_secs`` option),
+    restarts the idle timer whenever acks are written (the client's turn begins then),
+    keeps a connection that waits for our acks from counting as idle, and closes the
+    queue whenever the connection ends or aborts.
+    """
+
+    acks: OrderedAcks
+
+    def __init__(self, source: Any) -> None:
+        super().__init__(source)  # type: ignore[call-arg]
+        self.acks = OrderedAcks(
+            source.reactor,
+            self.write_acks,
+            self.encode_ack,
+            source.options["keepalive_secs"],
+            self.encode_keepalive,
+            also_waiting=self.stalled_by_us,
+        )
+
+    def encode_ack(self, key: Any, value: int) -> bytes:
+        raise NotImplementedError
+
+    def encode_keepalive(self, key: Any, acked: int) -> bytes:
+        raise NotImplementedError
+
+    def stalled_by_us(self) -> bool:
+        return False
+
+    def write_acks(self, data: bytes) -> None:
+        self.send(data)  # type: ignore[attr-defined]
+        self.resetTimeout()  # type: ignore[attr-defined]
+
+    def timeoutConnection(self) -> None:
+        if self.acks.waiting() and not self.closing:  # type: ignore[attr-defined]
+            # The client is silent because it waits for our acks: not idle.
+            self.setTimeout(self.source.options["idle_timeout_secs"])  # type: ignore[attr-defined]
+            return
+        super().timeoutConnection()  # type: ignore[misc]
+
+    def store_failed(self, failure: Any) -> None:
+        self.acks.close()
+        super().store_failed(failure)  # type: ignore[misc]
+
+    def close_now(self) -> None:
+        self.acks.close()
+        super().close_now()  # type: ignore[misc]
+
+    def connectionLost(self, reason: Any = None) -> None:
+        self.acks.close()
+        super().connectionLost(reason)  # type: ignore[misc]
+
+
+class AckingSource:
+    """Mix in before ``StreamSource`` for ``AckingConnection`` protocols: when the router
+    pauses reading, connections left waiting in the middle of a group start counting
+    their keepalive interval from now."""
+
+    def pause_reading(self) -> None:
+        super().pause_reading()  # type: ignore[misc]
+        for connection in self.connections:  # type: ignore[attr-defined]
+            if connection.stalled_by_us():
+                connection.acks.wait_began()

@@ -34,7 +34,7 @@ from logrouter import registry
 from logrouter.batch import Batch
 from logrouter.config.endpoints import listen_option
 from logrouter.config.options import Option, non_negative, positive
-from logrouter.sources.acks import OrderedAcks
+from logrouter.sources.acks import AckingConnection, AckingSource
 from logrouter.sources.events import NANOS, TagTemplate, batch_builder, check_tag
 from logrouter.sources.stream import HandshakeDone, HandshakeFailed, StreamProtocol, StreamSource
 from logrouter.wire import log_courier as wire
@@ -44,19 +44,11 @@ SERVER_ID = b"LGRT"  # our 4-byte id in VERS (Log Carver says LCVR, the Ruby ser
 SERVER_VERSION = (2, 12, 0)  # the protocol level we speak: Log Carver 2.12's
 
 
-class LogCourierProtocol(StreamProtocol):
+class LogCourierProtocol(AckingConnection, StreamProtocol):
     client_id = ""  # from the HELO; "" for a client from before the handshake
 
     def __init__(self, source: "LogCourierSource") -> None:
-        super().__init__(source)
-        self.acks = OrderedAcks(
-            source.reactor,
-            self._write_acks,
-            wire.encode_ackn,
-            source.options["keepalive_secs"],
-            self._encode_keepalive,
-            also_waiting=self.stalled_by_us,
-        )
+        super().__init__(source)  # self.acks: keyed by nonce, valued by the events processed
         self._greeting = b""  # the first message, while it is incomplete
 
     def make_decoder(self) -> wire.LogCourierDecoder:
@@ -137,7 +129,10 @@ class LogCourierProtocol(StreamProtocol):
 
     # -- acknowledging ----------------------------------------------------------------------
 
-    def _encode_keepalive(self, nonce: Any, count: int) -> bytes:
+    def encode_ack(self, nonce: bytes, count: int) -> bytes:
+        return wire.encode_ackn(nonce, count)
+
+    def encode_keepalive(self, nonce: Any, count: int) -> bytes:
         if nonce is None:  # nothing stored waits: the payload we stopped reading does
             nonce = self.decoder.nonce_in_progress
         return b"" if nonce is None else wire.encode_ackn(nonce, count)
@@ -147,31 +142,9 @@ class LogCourierProtocol(StreamProtocol):
         an ACKN we cannot give yet, and would time out and resend without a partial one."""
         return self.source.paused and self.decoder.nonce_in_progress is not None
 
-    def _write_acks(self, data: bytes) -> None:
-        self.send(data)
-        self.resetTimeout()  # the client's turn starts now: idleness counts from here
-
-    def timeoutConnection(self) -> None:
-        if self.acks.waiting() and not self.closing:
-            self.setTimeout(self.source.options["idle_timeout_secs"])  # it waits for us: not idle
-            return
-        super().timeoutConnection()
-
-    def store_failed(self, failure: Any) -> None:
-        self.acks.close()
-        super().store_failed(failure)
-
-    def close_now(self) -> None:
-        self.acks.close()
-        super().close_now()
-
-    def connectionLost(self, reason: Any = None) -> None:
-        self.acks.close()
-        super().connectionLost(reason)
-
 
 @registry.source("log_courier")
-class LogCourierSource(StreamSource):
+class LogCourierSource(AckingSource, StreamSource):
     protocol_class = LogCourierProtocol
     COUNTERS = {
         "invalid_events": "events that were not JSON objects (kept as {message: text})",
@@ -194,12 +167,6 @@ class LogCourierSource(StreamSource):
             int, wire.DEFAULT_MAX_DECOMPRESSED_BYTES, "largest inflated content of one payload", positive
         ),
     }
-
-    def pause_reading(self) -> None:
-        super().pause_reading()
-        for connection in self.connections:
-            if connection.stalled_by_us():  # type: ignore[attr-defined]
-                connection.acks.wait_began()  # type: ignore[attr-defined]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

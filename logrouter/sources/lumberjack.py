@@ -34,7 +34,7 @@ from typing import Any
 from logrouter import registry
 from logrouter.config.endpoints import listen_option
 from logrouter.config.options import Option, non_negative, positive
-from logrouter.sources.acks import OrderedAcks
+from logrouter.sources.acks import AckingConnection, AckingSource
 from logrouter.sources.events import NANOS, TagTemplate, batch_builder, check_tag, timestamp_ns  # noqa: F401 - re-exported
 from logrouter.sources.stream import StreamProtocol, StreamSource
 from logrouter.wire import lumberjack as wire
@@ -42,18 +42,8 @@ from logrouter.wire import lumberjack as wire
 # -- the protocol ------------------------------------------------------------------------
 
 
-class LumberjackProtocol(StreamProtocol):
-    def __init__(self, source: "LumberjackSource") -> None:
-        super().__init__(source)
-        # Steps in arrival order, keyed by window serial, valued by the highest seq they cover.
-        self.acks = OrderedAcks(
-            source.reactor,
-            self._write_acks,
-            self._encode_ack,
-            source.options["keepalive_secs"],
-            self._encode_keepalive,
-            also_waiting=self.stalled_by_us,
-        )
+class LumberjackProtocol(AckingConnection, StreamProtocol):
+    # self.acks: steps in arrival order, keyed by window serial, valued by the highest seq they cover.
 
     def make_decoder(self) -> wire.LumberjackDecoder:
         options = self.source.options
@@ -99,17 +89,13 @@ class LumberjackProtocol(StreamProtocol):
 
     # -- acknowledging (logrouter.sources.acks) ------------------------------------------
 
-    def _encode_ack(self, window: int, value: int) -> bytes:
+    def encode_ack(self, window: int, value: int) -> bytes:
         return wire.encode_ack(value, self.decoder.version or 2)
 
-    def _encode_keepalive(self, window: Any, acked: int) -> bytes:
+    def encode_keepalive(self, window: Any, acked: int) -> bytes:
         # Logstash writes '2' here even to v1 peers; the Node v1 client rejects that,
         # so the connection's own version byte is used (protocols/lumberjack.md 9).
         return wire.encode_ack(0, self.decoder.version or 2)
-
-    def _write_acks(self, data: bytes) -> None:
-        self.send(data)
-        self.resetTimeout()  # the client's turn starts now: idleness counts from here
 
     def stalled_by_us(self) -> bool:
         """Reading is paused (backpressure) while the client is in the middle of a window.
@@ -119,31 +105,12 @@ class LumberjackProtocol(StreamProtocol):
         """
         return self.source.paused and self.decoder.version == 2 and self.decoder.window_incomplete
 
-    def timeoutConnection(self) -> None:
-        if self.acks.waiting() and not self.closing:
-            # The client is silent because it waits for our acks: not idle.
-            self.setTimeout(self.source.options["idle_timeout_secs"])
-            return
-        super().timeoutConnection()
-
-    def store_failed(self, failure: Any) -> None:
-        self.acks.close()
-        super().store_failed(failure)  # logged, counted, aborted at once: the client resends
-
-    def close_now(self) -> None:
-        self.acks.close()
-        super().close_now()
-
-    def connectionLost(self, reason: Any = None) -> None:
-        self.acks.close()
-        super().connectionLost(reason)
-
 
 # -- the source --------------------------------------------------------------------------
 
 
 @registry.source("lumberjack")
-class LumberjackSource(StreamSource):
+class LumberjackSource(AckingSource, StreamSource):
     protocol_class = LumberjackProtocol
     COUNTERS = {"invalid_events": "events skipped (a J payload that is not a JSON object)", **StreamSource.COUNTERS}
     OPTIONS = {
@@ -176,8 +143,3 @@ class LumberjackSource(StreamSource):
         self.tag_template = TagTemplate(self.options["tag"])
         self.batches = batch_builder(self.tag_template, drop_metadata=not self.options["keep_metadata"])
 
-    def pause_reading(self) -> None:
-        super().pause_reading()
-        for connection in self.connections:
-            if connection.stalled_by_us():  # type: ignore[attr-defined]
-                connection.acks.wait_began()  # type: ignore[attr-defined]
