@@ -15,7 +15,8 @@ from OpenSSL import SSL
 from twisted.internet import error
 from twisted.python.failure import Failure
 
-from stream_harness import Conn, logs, make_source  # noqa: F401  (logs is a fixture)
+from source_fakes import Conn, log_lines  # noqa: F401  (log_lines is a fixture)
+from stream_harness import make_source
 
 from logrouter import metrics
 from logrouter.sources.stream import CLOSE_REASONS
@@ -32,28 +33,28 @@ def failure(exception: BaseException) -> Failure:
 # -- the peer closes -------------------------------------------------------------------------
 
 
-def test_a_peer_closing_mid_frame_is_logged_and_counted(logs):
+def test_a_peer_closing_mid_frame_is_logged_and_counted(log_lines):
     source, router, _ = make_source()
     conn = Conn(source)
     conn.send(b"whole\ntrunc")
     conn.lose(failure(error.ConnectionDone()))
     assert router.lines() == ["whole"]
-    assert "lines 192.0.2.7:40000: closed by the peer mid-frame; 5 bytes of an incomplete frame unprocessed" in logs
+    assert "lines 192.0.2.7:40000: closed by the peer mid-frame; 5 bytes of an incomplete frame unprocessed" in log_lines
     assert source.closed["peer_mid_frame"] == 1 and source.closed["peer"] == 0
 
 
-def test_a_peer_closing_at_a_frame_boundary_is_the_normal_end(logs):
+def test_a_peer_closing_at_a_frame_boundary_is_the_normal_end(log_lines):
     source, _, _ = make_source()
     conn = Conn(source)
     conn.send(b"whole\n")
     conn.lose(failure(error.ConnectionDone()))
-    assert source.closed["peer"] == 1 and not any("192.0.2.7" in line for line in logs)
+    assert source.closed["peer"] == 1 and not any("192.0.2.7" in line for line in log_lines)
 
 
 # -- decode errors -------------------------------------------------------------------------
 
 
-def test_frames_before_a_bad_one_are_stored_and_answered_before_the_close(logs):
+def test_frames_before_a_bad_one_are_stored_and_answered_before_the_close(log_lines):
     source, router, _ = make_source()
     conn = Conn(source)
     conn.send(b"one\ntwo\nBAD\nthree\n")
@@ -64,7 +65,7 @@ def test_frames_before_a_bad_one_are_stored_and_answered_before_the_close(logs):
     router.fire_all()
     assert conn.replies() == b"ok one\nok two\n"  # acked, so the client does not resend them
     assert conn.closed and source.decode_errors == 1
-    assert "lines 192.0.2.7:40000: bad line; closing connection" in logs
+    assert "lines 192.0.2.7:40000: bad line; closing connection" in log_lines
     conn.lose()
     assert source.closed["decode_error"] == 1
 
@@ -91,32 +92,32 @@ def test_a_codec_error_without_messages_still_works():
 # -- closes of our own -----------------------------------------------------------------------
 
 
-def test_idle_timeout(logs):
+def test_idle_timeout(log_lines):
     source, _, clock = make_source(idle_timeout_secs=5)
     conn = Conn(source)
     clock.advance(5)
-    assert conn.closed and "lines 192.0.2.7:40000: idle for 5s, closing" in logs
+    assert conn.closed and "lines 192.0.2.7:40000: idle for 5s, closing" in log_lines
     conn.lose()
     assert source.closed["idle_timeout"] == 1
 
 
-def test_a_failed_store_aborts(logs):
+def test_a_failed_store_aborts(log_lines):
     source, router, _ = make_source()
     conn = Conn(source)
     conn.send(b"one\n")
-    router.calls[0][1].errback(OSError("disk full"))
+    router.calls[0].deferred.errback(OSError("disk full"))
     assert conn.refused  # abortConnection
-    assert any(line.startswith("lines 192.0.2.7:40000: batch could not be stored") for line in logs)
+    assert any(line.startswith("lines 192.0.2.7:40000: batch could not be stored") for line in log_lines)
     conn.lose()
     assert source.closed["store_failed"] == 1
 
 
-def test_tls_failure(logs):
+def test_tls_failure(log_lines):
     source, _, _ = make_source()
     conn = Conn(source)
     conn.lose(failure(SSL.Error([("SSL routines", "", "peer did not return a certificate")])))
     assert source.tls_errors == 1 and source.closed["tls_error"] == 1
-    assert any(line.startswith("lines 192.0.2.7:40000: TLS handshake failed:") for line in logs)
+    assert any(line.startswith("lines 192.0.2.7:40000: TLS handshake failed:") for line in log_lines)
 
 
 def test_a_protocol_module_closing_on_its_own_is_other():
@@ -129,7 +130,7 @@ def test_a_protocol_module_closing_on_its_own_is_other():
 
 
 @pytest.mark.parametrize("how", ["idle", "slow", "bad", "stop", "store", "tls", "mid_frame"])
-def test_every_close_names_protocol_peer_and_reason(how, logs):
+def test_every_close_names_protocol_peer_and_reason(how, log_lines):
     source, router, clock = make_source(idle_timeout_secs=5, frame_timeout_secs=2)
     conn = Conn(source, host="203.0.113.5", port=7)
     if how == "idle":
@@ -144,7 +145,7 @@ def test_every_close_names_protocol_peer_and_reason(how, logs):
         clock.advance(1)
     elif how == "store":
         conn.send(b"a\n")
-        router.calls[0][1].errback(OSError("disk full"))
+        router.calls[0].deferred.errback(OSError("disk full"))
     elif how == "tls":
         conn.lose(failure(SSL.Error([("SSL routines", "", "decryption failed or bad record mac")])))
     elif how == "mid_frame":
@@ -152,8 +153,8 @@ def test_every_close_names_protocol_peer_and_reason(how, logs):
         conn.lose()
     if how not in ("tls", "mid_frame"):
         conn.lose()
-    lines = [line for line in logs if line.startswith("lines 203.0.113.5:7: ")]
-    assert len(lines) == 1, logs
+    lines = [line for line in log_lines if line.startswith("lines 203.0.113.5:7: ")]
+    assert len(lines) == 1, log_lines
     assert sum(source.closed.values()) == 1 and source.connections == set()
 
 

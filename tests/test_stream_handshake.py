@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from stream_harness import Conn, LineProtocol, LineSource, logs, make_source  # noqa: F401
+from source_fakes import Conn, log_lines  # noqa: F401  (log_lines is a fixture)
+from stream_harness import LineProtocol, LineSource, make_source
 from logrouter.sources.stream import HandshakeDone, HandshakeFailed
 
 
@@ -78,18 +79,18 @@ def test_a_client_without_a_handshake_has_its_bytes_decoded_unchanged():
     assert router.lines() == ["DATA 1", "DATA 2"] and conn.replies() == b""
 
 
-def test_a_failed_handshake_writes_its_reply_then_closes_as_bad_input(logs):
+def test_a_failed_handshake_writes_its_reply_then_closes_as_bad_input(log_lines):
     source, router, clock = greeting_source()
     conn = Conn(source)
     conn.send(b"GET / HTTP/1.1\r\n")
     assert conn.replies() == b"GO AWAY;" and conn.closed
     assert source.decode_errors == 1 and router.calls == []
-    assert "lines 192.0.2.7:40000: no greeting: b'GET / '; closing connection" in logs
+    assert "lines 192.0.2.7:40000: no greeting: b'GET / '; closing connection" in log_lines
     conn.lose()
     assert source.closed["decode_error"] == 1
 
 
-def test_the_frame_deadline_covers_the_handshake(logs):
+def test_the_frame_deadline_covers_the_handshake(log_lines):
     source, router, clock = greeting_source()
     conn = Conn(source)
     conn.send(b"HELLO ")
@@ -99,7 +100,7 @@ def test_the_frame_deadline_covers_the_handshake(logs):
         conn.send(b"x")  # a dribbled greeting: the idle timeout never fires
         clock.advance(1)
     assert conn.closed and conn.protocol.handshaking
-    assert any(line.startswith("lines 192.0.2.7:40000: ") and "slower than frame_timeout_secs" in line for line in logs)
+    assert any(line.startswith("lines 192.0.2.7:40000: ") and "slower than frame_timeout_secs" in line for line in log_lines)
     conn.lose()
     assert source.closed["slow_frame"] == 1
 

@@ -13,14 +13,15 @@ from __future__ import annotations
 
 from twisted.internet.address import IPv6Address, UNIXAddress
 
-from stream_harness import Conn, logs, make_source  # noqa: F401  (logs is a fixture)
+from source_fakes import Conn, log_lines  # noqa: F401  (log_lines is a fixture)
+from stream_harness import make_source
 
 from logrouter.sources.stream import STREAM_OPTIONS
 
 # -- per-peer cap ------------------------------------------------------------------------
 
 
-def test_one_address_cannot_take_every_connection(logs):
+def test_one_address_cannot_take_every_connection(log_lines):
     source, _, _ = make_source(max_connections=10, max_connections_per_peer=3)
     flood = [Conn(source, host="198.51.100.9", port=p) for p in range(1, 6)]
     assert [c.refused for c in flood] == [False, False, False, True, True]
@@ -28,7 +29,7 @@ def test_one_address_cannot_take_every_connection(logs):
     assert not any(c.refused for c in others)  # other clients still get in
     assert source.refused == {"max_connections": 0, "max_connections_per_peer": 2}
     assert len(source.connections) == 6 and source.connections_total == 6
-    assert logs.count(
+    assert log_lines.count(
         "lines 198.51.100.9:4: connection refused: max_connections_per_peer (3) reached"
     ) == 1
     # A refused connection ending frees nothing; a closed admitted one frees its slot.
@@ -39,12 +40,12 @@ def test_one_address_cannot_take_every_connection(logs):
     assert source.closed["peer"] == 1  # refusals are not counted as closes
 
 
-def test_the_global_cap_still_applies_and_is_counted(logs):
+def test_the_global_cap_still_applies_and_is_counted(log_lines):
     source, _, _ = make_source(max_connections=2, max_connections_per_peer=5)
     conns = [Conn(source, host=f"192.0.2.{i}") for i in range(3)]
     assert [c.refused for c in conns] == [False, False, True]
     assert source.refused == {"max_connections": 1, "max_connections_per_peer": 0}
-    assert "lines 192.0.2.2:40000: connection refused: max_connections (2) reached" in logs
+    assert "lines 192.0.2.2:40000: connection refused: max_connections (2) reached" in log_lines
 
 
 def test_an_ipv4_client_of_a_dual_stack_listener_is_the_same_peer():
@@ -69,7 +70,7 @@ def test_default_per_peer_cap_leaves_most_slots_to_others():
 # -- frame deadline ------------------------------------------------------------------------
 
 
-def test_one_byte_a_second_is_closed(logs):
+def test_one_byte_a_second_is_closed(log_lines):
     source, router, clock = make_source()
     conn = Conn(source)
     conn.send(b"ok\n")
@@ -87,8 +88,8 @@ def test_one_byte_a_second_is_closed(logs):
     assert source.closed["slow_frame"] == 1
     assert any(
         line.startswith("lines 192.0.2.7:40000: 31 bytes of a frame in 31s, slower than frame_timeout_secs (30s)")
-        for line in logs
-    ), logs
+        for line in log_lines
+    ), log_lines
 
 
 def test_a_big_frame_at_a_decent_rate_is_not_closed():

@@ -13,7 +13,8 @@ from types import SimpleNamespace
 
 from twisted.internet.address import UNIXAddress
 
-from stream_harness import Conn, logs, make_source  # noqa: F401  (logs is a fixture)
+from source_fakes import Conn, log_lines  # noqa: F401  (log_lines is a fixture)
+from stream_harness import make_source
 
 
 def stop(source) -> list:
@@ -22,7 +23,7 @@ def stop(source) -> list:
     return stopped
 
 
-def test_bytes_delivered_after_the_stop_began_are_stored_and_acked(logs):
+def test_bytes_delivered_after_the_stop_began_are_stored_and_acked(log_lines):
     source, router, clock = make_source()
     conn = Conn(source)
     conn.send(b"one\n")
@@ -44,7 +45,7 @@ def test_bytes_delivered_after_the_stop_began_are_stored_and_acked(logs):
     router.fire_all()
     assert conn.replies() == b"ok one\nok two\nok three\n"
     assert conn.closed and stopped == [None]
-    assert "lines 192.0.2.7:40000: source stopping: read 10 more bytes; closing connection" in logs
+    assert "lines 192.0.2.7:40000: source stopping: read 10 more bytes; closing connection" in log_lines
     conn.lose()
     assert source.closed["stopping"] == 1 and source.connections == set()
     assert clock.getDelayedCalls() == []
@@ -63,7 +64,7 @@ def test_a_connection_mid_frame_waits_for_the_rest_of_it():
     assert conn.transport.producerState == "paused"
 
 
-def test_an_unfinished_frame_is_dropped_at_the_deadline_with_a_log_line(logs):
+def test_an_unfinished_frame_is_dropped_at_the_deadline_with_a_log_line(log_lines):
     source, router, clock = make_source()
     conn = Conn(source)
     stopped = stop(source)
@@ -75,10 +76,10 @@ def test_an_unfinished_frame_is_dropped_at_the_deadline_with_a_log_line(logs):
     assert (
         "lines 192.0.2.7:40000: source stopping: read 14 more bytes, stop_drain_secs (3s) passed, "
         "14 bytes of an incomplete frame dropped; closing connection"
-    ) in logs
+    ) in log_lines
 
 
-def test_a_client_that_keeps_sending_is_cut_off_by_the_byte_budget(logs):
+def test_a_client_that_keeps_sending_is_cut_off_by_the_byte_budget(log_lines):
     source, router, clock = make_source(stop_drain_bytes=10)
     conn = Conn(source)
     stopped = stop(source)
@@ -88,7 +89,7 @@ def test_a_client_that_keeps_sending_is_cut_off_by_the_byte_budget(logs):
     conn.send(b"more\n")
     router.fire_all()
     assert router.lines() == ["12345", "67890"] and conn.closed and stopped == [None]
-    assert any("stop_drain_bytes (10) read" in line for line in logs)
+    assert any("stop_drain_bytes (10) read" in line for line in log_lines)
 
 
 def test_a_client_that_keeps_sending_is_cut_off_by_the_deadline():
@@ -125,7 +126,7 @@ def test_stop_drain_secs_zero_closes_at_once():
     assert conn.replies() == b"ok one\n" and conn.closed and stopped == [None]
 
 
-def test_every_connection_drains_on_its_own(logs):
+def test_every_connection_drains_on_its_own(log_lines):
     source, router, clock = make_source()
     quiet, busy = Conn(source, port=1), Conn(source, port=2)
     stopped = stop(source)
