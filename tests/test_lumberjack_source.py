@@ -8,80 +8,29 @@ import struct
 from typing import Any
 
 import pytest
-from twisted.internet import defer, task
-from twisted.internet.address import IPv4Address
-from twisted.internet.testing import StringTransport
-from twisted.logger import formatEvent, globalLogPublisher
+from twisted.internet import task
 
+import source_fakes
 from fixtures.pki import make_pki
+from source_fakes import T0, FakeRouter, log_lines  # noqa: F401  (log_lines is a fixture)
 from logrouter.config.load import ConfigError, load_string
 from logrouter.sources import lumberjack as source_module
 from logrouter.sources.lumberjack import LumberjackSource, TagTemplate, timestamp_ns
 from logrouter.wire import lumberjack as lj
 
-T0 = 1_700_000_000  # the clock's start: 2023-11-14T22:13:20Z
 NOW_NS = T0 * 1_000_000_000
 
 
-class FakeRouter:
-    def __init__(self) -> None:
-        self.calls: list[tuple[Any, defer.Deferred]] = []
-
-    def ingest(self, batch: Any, key: Any = None) -> defer.Deferred:
-        d: defer.Deferred = defer.Deferred()
-        self.calls.append((batch, d))
-        return d
-
-    def fire(self, index: int) -> None:
-        self.calls[index][1].callback(None)
-
-    def fire_all(self) -> None:
-        for _, d in self.calls:
-            if not d.called:
-                d.callback(None)
-
-
-class Conn:
-    """One client connection to a source, on a StringTransport."""
-
-    def __init__(self, source: LumberjackSource, port: int = 40000) -> None:
-        self.source = source
-        self.transport = StringTransport(peerAddress=IPv4Address("TCP", "192.0.2.7", port))
-        self.protocol = source.factory().buildProtocol(None)
-        self.protocol.makeConnection(self.transport)
-
-    def send(self, data: bytes) -> None:
-        self.protocol.dataReceived(data)
+class Conn(source_fakes.Conn):
+    """The shared client connection; it reads lumberjack acks."""
 
     def acks(self) -> list[tuple[int, int]]:
         """(version, seq) of every ack written since the last call."""
-        data = self.transport.value()
-        self.transport.clear()
-        return [(a.version, a.seq) for a in lj.AckDecoder().feed(data)]
+        return [(a.version, a.seq) for a in lj.AckDecoder().feed(self.replies())]
 
 
 def make_source(**overrides: Any) -> tuple[LumberjackSource, FakeRouter, task.Clock]:
-    options = {k: o.default for k, o in LumberjackSource.OPTIONS.items()}
-    options.update(overrides)
-    clock = task.Clock()
-    clock.advance(T0)
-    router = FakeRouter()
-    return LumberjackSource("beats", options, router, clock), router, clock
-
-
-@pytest.fixture
-def log_lines():
-    lines: list[str] = []
-
-    def observe(event: dict) -> None:
-        text = formatEvent(event)
-        if event.get("log_failure") is not None:
-            text += " " + str(event["log_failure"].getErrorMessage())
-        lines.append(text)
-
-    globalLogPublisher.addObserver(observe)
-    yield lines
-    globalLogPublisher.removeObserver(observe)
+    return source_fakes.make_source(LumberjackSource, "beats", **overrides)
 
 
 def window(records: list[dict], **kw: Any) -> bytes:
@@ -100,7 +49,7 @@ def test_window_is_stored_then_acked_with_its_highest_seq():
     conn = Conn(source)
     conn.send(window(docs(3)))
     assert len(router.calls) == 1 and conn.acks() == []
-    batch, _ = router.calls[0]
+    batch = router.batches[0]
     assert batch.tag == "beats" and batch.source == "beats"
     assert batch.events == [(NOW_NS, d) for d in docs(3)]
     router.fire(0)
@@ -115,7 +64,7 @@ def test_partial_acks_while_a_window_is_stored_in_steps():
     conn.send(lj.encode_window(6) + frames[0] + frames[1])
     conn.send(frames[2] + frames[3][:7])
     conn.send(frames[3][7:] + frames[4] + frames[5])
-    assert [len(b.events) for b, _ in router.calls] == [2, 1, 3]
+    assert [len(b.events) for b in router.batches] == [2, 1, 3]
     router.fire(1)  # a later step durable first: nothing may be acked before step 0
     assert conn.acks() == []
     router.fire(0)
@@ -128,7 +77,7 @@ def test_pipelined_windows_are_acked_in_order_one_ack_each():
     source, router, clock = make_source()
     conn = Conn(source)
     conn.send(window(docs(2)) + window(docs(3, 2)))  # Beats pipelining: window 2 before window 1's ack
-    assert [len(b.events) for b, _ in router.calls] == [2, 3]
+    assert [len(b.events) for b in router.batches] == [2, 3]
     router.fire(1)
     assert conn.acks() == []
     router.fire(0)
@@ -163,7 +112,7 @@ def test_v1_connection_acks_and_keepalives_with_version_1():
     conn = Conn(source)
     pairs = [{"line": "one", "file": "/var/log/a"}, {"line": "two", "file": "/var/log/a"}]
     conn.send(lj.encode_window_frames(pairs, version=1, compress_level=None))
-    (batch, _), = router.calls
+    (batch,) = router.batches
     assert [r for _, r in batch.events] == pairs
     clock.advance(5)
     assert conn.acks() == [(1, 0)]  # the Node v1 client rejects any other version byte
@@ -175,7 +124,7 @@ def test_invalid_events_are_counted_logged_and_covered_by_the_ack(log_lines):
     source, router, clock = make_source()
     conn = Conn(source)
     conn.send(lj.encode_window(3) + lj.encode_json(1, {"a": 1}) + lj.encode_json(2, b"nope") + lj.encode_json(3, b"[1]"))
-    (batch, _), = router.calls
+    (batch,) = router.batches
     assert [r for _, r in batch.events] == [{"a": 1}]
     assert source.invalid_events == 2
     assert any("lumberjack 192.0.2.7:40000: skipped 2 invalid event(s) in window 1 (event seq 2" in l for l in log_lines)
@@ -314,7 +263,7 @@ def test_a_batch_that_cannot_be_stored_aborts_the_connection(log_lines):
     source, router, clock = make_source()
     conn = Conn(source)
     conn.send(window(docs(1)) + window(docs(1)))
-    router.calls[0][1].errback(OSError("disk full"))
+    router.calls[0].deferred.errback(OSError("disk full"))
     assert conn.transport.disconnected  # abortConnection: the client re-sends what was not acked
     assert any("batch could not be stored; closing the connection" in l and "disk full" in l for l in log_lines)
     router.fire(1)
@@ -346,7 +295,7 @@ def test_frames_before_bad_input_are_stored_and_acked_before_the_close(log_lines
     frames = [lj.encode_json(i + 1, d) for i, d in enumerate(docs(3))]
     conn.send(lj.encode_window(3) + frames[0] + frames[1][:5])
     conn.send(frames[1][5:] + frames[2] + b"2Z\x00\x00\x00\x00")
-    assert [b.events for b, _ in router.calls] == [[(NOW_NS, d) for d in docs(1)], [(NOW_NS, d) for d in docs(2, 1)]]
+    assert [b.events for b in router.batches] == [[(NOW_NS, d) for d in docs(1)], [(NOW_NS, d) for d in docs(2, 1)]]
     assert source.decode_errors == 1 and not conn.transport.disconnecting
     router.fire_all()
     assert conn.acks() == [(2, 1), (2, 3)]
@@ -359,7 +308,7 @@ def test_a_bad_compressed_frame_stores_none_of_its_events():
     conn = Conn(source)
     bad = lj.encode_compressed(lj.encode_json(2, {"in": "c"}) + b"2J\x00")
     conn.send(lj.encode_window(2) + lj.encode_json(1, {"before": "c"}) + bad)
-    assert [b.events for b, _ in router.calls] == [[(NOW_NS, {"before": "c"})]]
+    assert [b.events for b in router.batches] == [[(NOW_NS, {"before": "c"})]]
     router.fire_all()
     assert conn.acks() == [(2, 1)]  # Beats resends event 2 on its next connection
     assert conn.transport.disconnecting
@@ -394,7 +343,7 @@ def test_event_time_from_timestamp_else_now():
         {"@timestamp": "2024-01-02T03:04:05.123456789Z", "n": 6},
     ]
     conn.send(window(records))
-    (batch, _), = router.calls
+    (batch,) = router.batches
     base = 1704164645 * 1_000_000_000
     assert [t for t, _ in batch.events] == [
         base + 678_000_000,
@@ -430,7 +379,7 @@ def test_tag_template_from_event_fields():
         {"host": {"name": "db"}, "i": 3},
     ]
     conn.send(window(records))
-    assert {b.tag: [r["i"] for _, r in b.events] for b, _ in router.calls} == {
+    assert {b.tag: [r["i"] for _, r in b.events] for b in router.batches} == {
         "beats.filebeat.web1": [0, 2],
         "beats.metricbeat.web1": [1],
         "beats.unknown.db": [3],
@@ -460,10 +409,10 @@ def test_metadata_kept_or_dropped():
     record = {"@metadata": {"beat": "filebeat"}, "message": "hi"}
     source, router, clock = make_source()
     Conn(source).send(window([dict(record)]))
-    assert router.calls[0][0].events[0][1] == record
+    assert router.batches[0].events[0][1] == record
     source, router, clock = make_source(keep_metadata=False, tag="b.${@metadata.beat}")
     Conn(source).send(window([dict(record)]))
-    batch = router.calls[0][0]
+    batch = router.batches[0]
     assert batch.tag == "b.filebeat" and batch.events[0][1] == {"message": "hi"}
 
 
