@@ -6,53 +6,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.internet import defer, task
-from twisted.internet.address import IPv4Address
-from twisted.internet.testing import StringTransport
+from twisted.internet import task
 
+import source_fakes
+from source_fakes import T0, FakeRouter
 from logrouter.sources.log_courier import SERVER_ID, LogCourierSource
 from logrouter.wire import log_courier as lc
 
-T0 = 1_700_000_000
 NOW_NS = T0 * 1_000_000_000
 N1, N2, N3 = (bytes([i]) * 16 for i in (1, 2, 3))
 
 
-class FakeRouter:
-    def __init__(self) -> None:
-        self.calls: list[tuple[Any, Any, defer.Deferred]] = []
+class Conn(source_fakes.Conn):
+    """The shared client connection, from 192.0.2.9; its replies are read as Log Courier
+    messages (ACKN, VERS, PONG)."""
 
-    def ingest(self, batch: Any, key: Any = None) -> defer.Deferred:
-        d: defer.Deferred = defer.Deferred()
-        self.calls.append((batch, key, d))
-        return d
-
-    def fire(self, index: int) -> None:
-        self.calls[index][2].callback(None)
-
-
-class Conn:
     def __init__(self, source: LogCourierSource) -> None:
-        self.transport = StringTransport(peerAddress=IPv4Address("TCP", "192.0.2.9", 40000))
-        self.protocol = source.factory().buildProtocol(None)
-        self.protocol.makeConnection(self.transport)
+        super().__init__(source, host="192.0.2.9")
 
-    def send(self, data: bytes) -> None:
-        self.protocol.dataReceived(data)
-
-    def replies(self) -> list[Any]:
-        data = self.transport.value()
-        self.transport.clear()
-        return lc.AcknDecoder().feed(data)
+    def replies(self) -> list[Any]:  # type: ignore[override]
+        return lc.AcknDecoder().feed(super().replies())
 
 
 def make_source(**overrides: Any) -> tuple[LogCourierSource, FakeRouter, task.Clock]:
-    options = {k: o.default for k, o in LogCourierSource.OPTIONS.items()}
-    options.update(overrides)
-    clock = task.Clock()
-    clock.advance(T0)
-    router = FakeRouter()
-    return LogCourierSource("courier", options, router, clock), router, clock
+    return source_fakes.make_source(LogCourierSource, "courier", **overrides)
 
 
 def events(n: int, start: int = 0) -> list[dict]:
@@ -68,7 +45,7 @@ def test_helo_gets_vers_with_evnt_then_payloads_are_acked_once_durable():
     assert conn.protocol.client_id == "LCOR"
     conn.send(lc.encode_evnt(N1, events(3)) + lc.encode_jdat(N2, events(2, 3)))
     assert len(router.calls) == 2 and conn.replies() == []
-    batch, key, _ = router.calls[0]
+    batch, key = router.batches[0], router.keys[0]
     assert key == N1 and batch.tag == "log_courier" and batch.source == "courier"
     assert [r["message"] for _, r in batch.events] == ["line 0", "line 1", "line 2"]
     assert batch.events[0][0] == 1704164645_500_000_000  # from @timestamp
@@ -127,8 +104,8 @@ def test_a_payload_split_by_tag_gets_one_ack_after_every_part_and_stable_keys():
     conn = Conn(source)
     records = [{"message": "a", "service": "web"}, {"message": "b", "service": "db"}, {"message": "c"}]
     conn.send(lc.encode_jdat(N3, records))
-    keys = [key for _, key, _ in router.calls]
-    assert [b.tag for b, _, _ in router.calls] == ["app.web", "app.db", "app.none"]
+    keys = router.keys
+    assert [b.tag for b in router.batches] == ["app.web", "app.db", "app.none"]
     assert keys == [N3 + b"\0app.web", N3 + b"\0app.db", N3 + b"\0app.none"]
     router.fire(0)
     router.fire(2)
@@ -141,7 +118,7 @@ def test_events_that_are_not_objects_are_kept_and_counted():
     source, router, _ = make_source()
     conn = Conn(source)
     conn.send(lc.encode_jdat(N1, [b"not json", {"message": "ok"}]))
-    batch, _, _ = router.calls[0]
+    batch = router.batches[0]
     assert [r["message"] for _, r in batch.events] == ["not json", "ok"]
     assert source.invalid_events == 1
 
