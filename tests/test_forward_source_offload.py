@@ -23,15 +23,14 @@ import msgpack
 import pytest
 from twisted.internet import defer
 from twisted.internet.address import IPv4Address
-from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 
 from logrouter.sources.fluent_forward import part_key
 from logrouter.sources.offload import IteratorRun, OffloadPool
 from logrouter.wire.fluent_forward import encode_forward, encode_packed_forward
-from test_forward_source_protocol import FakePort, connect, logs, make_source, take  # noqa: F401 (fixture)
+from source_fakes import T0, FakePort, log_lines  # noqa: F401  (log_lines is a fixture)
+from test_forward_source_protocol import connect, make_source, take
 
-T0 = 1_700_000_000
 NS = 1_000_000_000
 OTHER = IPv4Address("TCP", "10.9.9.9", 50000)
 
@@ -75,10 +74,7 @@ def events(count: int, start: int = 0) -> list:
 
 
 def connect_other(source):
-    proto = source.factory().buildProtocol(OTHER)
-    transport = StringTransport(peerAddress=OTHER)
-    proto.makeConnection(transport)
-    return proto, transport
+    return connect(source, OTHER)
 
 
 def seqs(batches) -> list[int]:
@@ -91,7 +87,7 @@ def finish_work(source, router) -> None:
     while pool.calls or router.pending:
         while pool.calls:
             pool.step()
-        router.make_durable()
+        router.fire_pending()
 
 
 BIG = encode_packed_forward("app.big", events(200), {"chunk": "big1", "size": 200})  # ~11 KB of entries
@@ -109,17 +105,16 @@ def test_big_message_is_worked_on_in_parts_while_its_connection_waits():
     # Another connection is read and served meanwhile.
     other, other_transport = connect_other(source)
     other.dataReceived(msgpack.packb(["app.other", T0, {"seq": -1}, {"chunk": "o1"}]))
-    router.make_durable()
+    router.fire_pending()
     assert take(other_transport) == [{"ack": "o1"}]
-    router.batches.clear()
-    router.keys.clear()
+    router.calls.clear()  # all durable: only the big message's batches are looked at below
 
     pool = source.offload_pool
     pool.step()
     pool.step()
     # Two parts wait for the disk: the third is not built until the first is durable.
     assert len(router.batches) == 2 and pool.calls == []
-    router.make_durable()
+    router.fire_pending()
     assert len(pool.calls) == 1 and transport.value() == b""  # no ack before every part
     finish_work(source, router)
 
@@ -185,7 +180,7 @@ def test_offload_can_be_turned_off():
     assert len(router.batches) == 1 and source.offload_pool.calls == []
 
 
-def test_invalid_events_in_parts_are_counted_once_and_the_rest_acked(logs):
+def test_invalid_events_in_parts_are_counted_once_and_the_rest_acked(log_lines):
     source, router = offload_source()
     proto, transport = connect(source)
     entries = [[T0, {"seq": i, "pad": "x" * 40}] for i in range(100)] + [[2**64 - 1, {"bad": 1}], [1e308, {"bad": 2}]]
@@ -194,12 +189,12 @@ def test_invalid_events_in_parts_are_counted_once_and_the_rest_acked(logs):
     assert seqs(router.batches) == list(range(100))
     assert source.invalid_events == 2 and source.size_mismatches == 0
     assert take(transport) == [{"ack": "c"}]
-    assert [line for line in logs if "invalid event" in line] == [
+    assert [line for line in log_lines if "invalid event" in line] == [
         "fluent_forward 10.1.2.3:40000: skipped 2 invalid event(s) in tag app.big"
     ]
 
 
-def test_a_bomb_found_in_the_worker_closes_only_that_connection(logs):
+def test_a_bomb_found_in_the_worker_closes_only_that_connection(log_lines):
     source, router = offload_source(max_decompressed_bytes=50_000)
     proto, transport = connect(source)
     bomb = gzip.compress(msgpack.packb([T0, {"pad": "x" * 200_000}]))
@@ -208,7 +203,7 @@ def test_a_bomb_found_in_the_worker_closes_only_that_connection(logs):
     finish_work(source, router)
     assert router.batches == [] and source.decode_errors == 1  # nothing of it was stored
     assert transport.disconnecting and not other_transport.disconnecting
-    assert any("max_decompressed_bytes (50000)" in line and "closing connection" in line for line in logs)
+    assert any("max_decompressed_bytes (50000)" in line and "closing connection" in line for line in log_lines)
     assert proto.busy is None
 
 
@@ -232,7 +227,7 @@ def test_router_backpressure_holds_the_parts_back():
     assert len(router.batches) == 1 and len(pool.calls) == 1
     source.pause_reading()
     pool.step()
-    router.make_durable()
+    router.fire_pending()
     assert len(router.batches) == 2 and pool.calls == []  # paused: nothing more is built
     source.resume_reading()
     assert len(pool.calls) == 1
@@ -261,7 +256,7 @@ def test_a_store_failure_mid_message_closes_the_connection():
     proto, transport = connect(source)
     proto.dataReceived(BIG)
     source.offload_pool.step()
-    router.pending.pop(0).errback(Failure(OSError("disk full")))
+    router.pending[0].errback(Failure(OSError("disk full")))
     finish_work(source, router)
     assert transport.disconnected or transport.disconnecting
     assert transport.value() == b"" and proto.offload is None

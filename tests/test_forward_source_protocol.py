@@ -14,39 +14,20 @@ import msgpack
 import pytest
 import zstandard
 from OpenSSL import SSL
-from twisted.internet import defer, error
+from twisted.internet import error
 from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 from twisted.internet.testing import MemoryReactorClock, StringTransport
-from twisted.logger import formatEvent, globalLogPublisher
 from twisted.python.failure import Failure
 
+import source_fakes
+from source_fakes import T0, Conn, FakePort, FakeRouter, log_lines  # noqa: F401  (log_lines is a fixture)
 from logrouter.sources.fluent_forward import FluentForwardSource, HeartbeatProtocol
 from logrouter.tls import VERIFY_ERROR_ATTRIBUTE
 from logrouter.wire import fluent_handshake as hs
 from logrouter.wire.fluent_forward import encode_event_time, encode_packed_forward
 
-T0 = 1_700_000_000
 NS = 1_000_000_000
 PEER = IPv4Address("TCP", "10.1.2.3", 40000)
-
-
-class FakeRouter:
-    def __init__(self) -> None:
-        self.batches = []
-        self.keys = []
-        self.pending: list[defer.Deferred] = []
-
-    def ingest(self, batch, key=None):
-        d = defer.Deferred()
-        self.batches.append(batch)
-        self.keys.append(key)
-        self.pending.append(d)
-        return d
-
-    def make_durable(self) -> None:
-        pending, self.pending = self.pending, []
-        for d in pending:
-            d.callback(0)
 
 
 class UDPReactor(MemoryReactorClock):
@@ -64,50 +45,17 @@ class UDPReactor(MemoryReactorClock):
         return FakePort(None)
 
 
-class FakePort:
-    def __init__(self, address) -> None:
-        self.address = address
-        self.stopped = False
-
-    def getHost(self):
-        return self.address
-
-    def stopListening(self):
-        self.stopped = True
-        return defer.succeed(None)
-
-
-def options(**overrides):
-    values = {key: option.default for key, option in FluentForwardSource.OPTIONS.items()}
-    values["listen"] = "tcp:0:interface=127.0.0.1"
-    values.update(overrides)
-    return values
-
-
 def make_source(**overrides) -> tuple[FluentForwardSource, FakeRouter]:
-    router = FakeRouter()
-    return FluentForwardSource("fwd", options(**overrides), router, UDPReactor()), router
+    """A source on a ``UDPReactor`` (left at time 0) and a ``FakeRouter``."""
+    overrides = {"listen": "tcp:0:interface=127.0.0.1", **overrides}
+    source, router, _ = source_fakes.make_source(FluentForwardSource, "fwd", clock=UDPReactor(), **overrides)
+    return source, router
 
 
-def connect(source: FluentForwardSource) -> tuple:
-    proto = source.factory().buildProtocol(PEER)
-    transport = StringTransport(peerAddress=PEER)
-    proto.makeConnection(transport)
-    return proto, transport
-
-
-@pytest.fixture
-def logs():
-    lines: list[str] = []
-
-    def observe(event):
-        text = formatEvent(event)
-        if text:
-            lines.append(text)
-
-    globalLogPublisher.addObserver(observe)
-    yield lines
-    globalLogPublisher.removeObserver(observe)
+def connect(source: FluentForwardSource, peer=PEER) -> tuple:
+    """A client connection from ``peer``: its protocol and transport."""
+    conn = Conn(source, address=peer)
+    return conn.protocol, conn.transport
 
 
 def take(transport: StringTransport) -> list:
@@ -161,7 +109,7 @@ def test_good_handshake_then_events_acked_only_when_durable():
     proto.dataReceived(msgpack.packb(["app.a", T0, {"k": "v"}, {"chunk": "c1"}]))
     assert [b.tag for b in router.batches] == ["app.a"] and router.keys == [b"c1"]
     assert transport.value() == b""  # not durable yet: no ack
-    router.make_durable()
+    router.fire_pending()
     assert take(transport) == [{"ack": "c1"}]
     assert not transport.disconnecting and source.decode_errors == 0
 
@@ -195,7 +143,7 @@ def test_ping_byte_by_byte():
         (USERS, dict(username="eve", password="pw"), "username/password mismatch (unknown user, client hostname 'client.test', username 'eve')"),
     ],
 )
-def test_failed_handshake_pong_log_close_count(settings, client, reason, logs):
+def test_failed_handshake_pong_log_close_count(settings, client, reason, log_lines):
     source, router = make_source(**settings)
     proto, transport = connect(source)
     _, ping, _ = handshake_ping(transport, **client)
@@ -205,7 +153,7 @@ def test_failed_handshake_pong_log_close_count(settings, client, reason, logs):
     assert transport.disconnecting  # loseConnection: closed once the PONG is written
     assert router.batches == []
     assert source.decode_errors == 1 and source.auth_failures == 1
-    assert f"fluent_forward 10.1.2.3:40000: handshake failed: {reason}; closing connection" in logs
+    assert f"fluent_forward 10.1.2.3:40000: handshake failed: {reason}; closing connection" in log_lines
     # nothing more is read on that connection
     proto.dataReceived(msgpack.packb(["app.a", T0, {"k": "v"}]))
     assert router.batches == [] and transport.value() == b""
@@ -220,7 +168,7 @@ def test_failed_handshake_pong_log_close_count(settings, client, reason, logs):
         b'["app.early", 1700000000, {"k": "v"}]',  # JSON
     ],
 )
-def test_events_before_the_handshake_are_refused(early, logs):
+def test_events_before_the_handshake_are_refused(early, log_lines):
     source, router = make_source(**SECURE)
     proto, transport = connect(source)
     take(transport)  # HELO
@@ -228,10 +176,10 @@ def test_events_before_the_handshake_are_refused(early, logs):
     assert take(transport) == [["PONG", False, "invalid ping message", "", ""]]
     assert transport.disconnecting and router.batches == []
     assert source.decode_errors == 1
-    assert any(line.startswith("fluent_forward 10.1.2.3:40000: handshake failed: invalid ping message (") for line in logs)
+    assert any(line.startswith("fluent_forward 10.1.2.3:40000: handshake failed: invalid ping message (") for line in log_lines)
 
 
-def test_a_ping_dribbled_in_is_closed_by_the_frame_deadline(logs):
+def test_a_ping_dribbled_in_is_closed_by_the_frame_deadline(log_lines):
     source, router = make_source(**SECURE, frame_timeout_secs=10)
     proto, transport = connect(source)
     _, ping, _ = handshake_ping(transport)
@@ -244,24 +192,24 @@ def test_a_ping_dribbled_in_is_closed_by_the_frame_deadline(logs):
     assert transport.disconnecting and transport.value() == b""  # no PONG: the PING never completed
     assert any(
         line.startswith("fluent_forward 10.1.2.3:40000: ") and "slower than frame_timeout_secs (10s)" in line
-        for line in logs
-    ), logs
+        for line in log_lines
+    ), log_lines
     proto.connectionLost(None)
     assert source.closed["slow_frame"] == 1 and source.auth_failures == 0
 
 
-def test_a_ping_and_a_message_in_one_read(logs):
+def test_a_ping_and_a_message_in_one_read(log_lines):
     source, router = make_source(**SECURE)
     proto, transport = connect(source)
     _, ping, _ = handshake_ping(transport)
     proto.dataReceived(ping + msgpack.packb(["app.a", T0, {"k": "v"}, {"chunk": "c1"}]))
     assert take(transport)[0][:2] == ["PONG", True]
-    router.make_durable()
+    router.fire_pending()
     assert take(transport) == [{"ack": "c1"}]
     assert proto.client_hostname == "client.test"
 
 
-def test_session_stays_msgpack_after_the_handshake(logs):
+def test_session_stays_msgpack_after_the_handshake(log_lines):
     source, router = make_source(**SECURE)
     proto, transport = connect(source)
     _, ping, _ = handshake_ping(transport)
@@ -281,7 +229,7 @@ def test_silent_client_times_out_during_handshake():
 # -- transport-phase options -------------------------------------------------------------
 
 
-def test_size_is_a_hint_counted_and_warned_once(logs):
+def test_size_is_a_hint_counted_and_warned_once(log_lines):
     source, router = make_source()
     proto, transport = connect(source)
     events = [(T0 * NS, {"n": i}) for i in range(3)]
@@ -289,17 +237,17 @@ def test_size_is_a_hint_counted_and_warned_once(logs):
     proto.dataReceived(encode_packed_forward("app.a", events, {"size": "3"}))
     proto.dataReceived(encode_packed_forward("app.a", events, {"size": 3}))
     assert [len(b.events) for b in router.batches] == [3, 3, 3]  # nothing dropped
-    router.make_durable()
+    router.fire_pending()
     assert take(transport) == [{"ack": "c1"}]
     assert source.size_mismatches == 2
-    warnings = [line for line in logs if "option size=" in line]
+    warnings = [line for line in log_lines if "option size=" in line]
     assert warnings == [
         "fluent_forward 10.1.2.3:40000: option size=5 but the message holds 3 entries (tag app.a); "
         "size is a hint, every event is kept (further mismatches on this connection are only counted)"
     ]
 
 
-def test_size_counts_invalid_entries_too(logs):
+def test_size_counts_invalid_entries_too(log_lines):
     source, router = make_source()
     proto, _ = connect(source)
     proto.dataReceived(msgpack.packb(["app.a", [[T0, {"ok": 1}], [T0, "not a map"]], {"size": 2}]))
@@ -312,7 +260,7 @@ def test_fluent_signal_and_fluent_bit_metadata_times_are_accepted():
     proto, transport = connect(source)
     entries = [[[encode_event_time(T0 * NS + 5), {"otel": "x"}], {"log": "with metadata"}], [T0, {"log": "plain"}]]
     proto.dataReceived(msgpack.packb(["app.fb", entries, {"chunk": "fb1", "size": 2, "fluent_signal": 0}]))
-    router.make_durable()
+    router.fire_pending()
     assert take(transport) == [{"ack": "fb1"}]
     assert router.batches[0].events == [(T0 * NS + 5, {"log": "with metadata"}), (T0 * NS, {"log": "plain"})]
     assert source.size_mismatches == 0
@@ -329,19 +277,19 @@ def test_gzip_multi_member_and_zstd_through_the_source():
     proto.dataReceived(msgpack.packb(message, use_bin_type=True))  # bin blob, as Fluent Bit sends
     zblob = zstandard.ZstdCompressor().compress(first) + zstandard.ZstdCompressor().compress(second)
     proto.dataReceived(b"\x93\xa6app.zs\xdb" + struct.pack(">I", len(zblob)) + zblob + msgpack.packb({"compressed": "zstd", "chunk": "z1"}))
-    router.make_durable()
+    router.fire_pending()
     assert take(transport) == [{"ack": "g1"}, {"ack": "z1"}]
     assert [[r["n"] for _, r in b.events] for b in router.batches] == [[0, 1, 2, 3, 4], [0, 1, 2, 3, 4]]
     assert source.size_mismatches == 0
 
 
-def test_decompression_bomb_closes_only_that_connection(logs):
+def test_decompression_bomb_closes_only_that_connection(log_lines):
     source, router = make_source(max_decompressed_bytes=1000)
     proto, transport = connect(source)
     blob = gzip.compress(msgpack.packb([T0, {"pad": "x" * 5000}]))
     proto.dataReceived(msgpack.packb(["app.bomb", blob, {"compressed": "gzip"}], use_bin_type=True))
     assert transport.disconnecting and router.batches == [] and source.decode_errors == 1
-    assert any("max_decompressed_bytes (1000)" in line for line in logs)
+    assert any("max_decompressed_bytes (1000)" in line for line in log_lines)
 
 
 # -- UDP heartbeat -----------------------------------------------------------------------
@@ -425,15 +373,15 @@ def tls_failure(*reasons: str) -> Failure:
         return Failure()
 
 
-def test_tls_handshake_failure_is_logged_with_peer_and_reason(logs):
+def test_tls_handshake_failure_is_logged_with_peer_and_reason(log_lines):
     source, _ = make_source()
     proto, transport = connect(source)
     proto.connectionLost(tls_failure("peer did not return a certificate"))
     assert source.tls_errors == 1
-    assert "fluent_forward 10.1.2.3:40000: TLS handshake failed: client certificate required but none was sent; connection closed" in logs
+    assert "fluent_forward 10.1.2.3:40000: TLS handshake failed: client certificate required but none was sent; connection closed" in log_lines
 
 
-def test_rejected_client_certificate_names_the_verify_error(logs):
+def test_rejected_client_certificate_names_the_verify_error(log_lines):
     source, _ = make_source()
     proto, transport = connect(source)
     setattr(transport, VERIFY_ERROR_ATTRIBUTE, "unable to get local issuer certificate (certificate O=x/CN=rogue)")
@@ -441,41 +389,41 @@ def test_rejected_client_certificate_names_the_verify_error(logs):
     assert (
         "fluent_forward 10.1.2.3:40000: TLS handshake failed: client certificate rejected: "
         "unable to get local issuer certificate (certificate O=x/CN=rogue); connection closed"
-    ) in logs
+    ) in log_lines
 
 
-def test_other_tls_errors_and_plain_closes(logs):
+def test_other_tls_errors_and_plain_closes(log_lines):
     source, _ = make_source()
     proto, _ = connect(source)
     proto.handshakeCompleted()
     proto.connectionLost(tls_failure("decryption failed or bad record mac"))
-    assert "fluent_forward 10.1.2.3:40000: TLS connection failed: decryption failed or bad record mac; connection closed" in logs
+    assert "fluent_forward 10.1.2.3:40000: TLS connection failed: decryption failed or bad record mac; connection closed" in log_lines
     proto, _ = connect(source)
     proto.connectionLost(Failure(error.ConnectionDone()))
-    assert source.tls_errors == 1 and len([line for line in logs if "TLS" in line]) == 1
+    assert source.tls_errors == 1 and len([line for line in log_lines if "TLS" in line]) == 1
 
 
 # -- out-of-range times and undecodable input (issue #9: 5, 10) --------------------------
 
 
 @pytest.mark.parametrize("bad_time", [1e308, -1e308, 2**64 - 1, -(2**63), 9_223_372_037], ids=str)
-def test_out_of_range_time_is_an_invalid_event_and_the_chunk_is_acked(bad_time, logs):
+def test_out_of_range_time_is_an_invalid_event_and_the_chunk_is_acked(bad_time, log_lines):
     source, router = make_source()
     proto, transport = connect(source)
     entries = [[T0, {"n": 1}], [bad_time, {"n": 2}], [T0 + 1, {"n": 3}]]
     proto.dataReceived(msgpack.packb(["app.t", entries, {"chunk": "t1"}]))
     assert [r["n"] for _, r in router.batches[0].events] == [1, 3]
     assert source.invalid_events == 1 and source.decode_errors == 0
-    router.make_durable()
+    router.fire_pending()
     assert take(transport) == [{"ack": "t1"}] and not transport.disconnecting
-    assert "fluent_forward 10.1.2.3:40000: skipped 1 invalid event(s) in tag app.t" in logs
+    assert "fluent_forward 10.1.2.3:40000: skipped 1 invalid event(s) in tag app.t" in log_lines
 
 
-def test_undecodable_msgpack_is_logged_with_what_was_wrong(logs):
+def test_undecodable_msgpack_is_logged_with_what_was_wrong(log_lines):
     source, _ = make_source()
     proto, transport = connect(source)
     proto.dataReceived(b"\x93\xa3app\xc1garbage")
     assert (
         "fluent_forward 10.1.2.3:40000: invalid msgpack: FormatError (unexpected byte 0xc1 at offset 5); "
         "closing connection"
-    ) in logs
+    ) in log_lines
