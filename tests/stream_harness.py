@@ -55,6 +55,8 @@ class LineSource(StreamSource):
 
 
 class LineRouter(FakeRouter):
+    """The shared fake router; it also lists the stored lines, in order."""
+
     def lines(self) -> list[str]:
         return [batch.events[0][1]["line"] for batch in self.batches]
 
