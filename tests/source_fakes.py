@@ -16,6 +16,8 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.testing import StringTransport
 from twisted.logger import formatEvent, globalLogPublisher
 
+from logrouter.sources.base import SourceContext
+
 T0 = 1_700_000_000  # the clock's start: 2023-11-14T22:13:20Z
 
 
@@ -97,7 +99,12 @@ def make_source(
         clock.advance(T0)
     if router is None:
         router = FakeRouter()
-    return source_class(name, options, router, clock), router, clock
+    return source_class(name, options, fake_context(router, clock)), router, clock
+
+
+def fake_context(router: Any, clock: Any) -> SourceContext:
+    """What a source is built from, around a fake router and a clock."""
+    return SourceContext(router=router, reactor=clock, errors=None, state_dir="")
 
 
 class Conn:

@@ -18,6 +18,7 @@ from twisted.test.iosim import connectedServerAndClient
 from zope.interface import implementer
 
 from logrouter import tls
+from source_fakes import fake_context
 
 ADDRESS = IPv4Address("TCP", "127.0.0.1", 40000)
 
@@ -176,7 +177,7 @@ def test_every_stream_source_listens_with_the_shared_client_certificate_options(
     options.update(listen=pki.ssl_endpoint(4433, "127.0.0.1"), ca_file=str(pki.ca), **settings)
     assert cls.check_options(options) == []
     reactor = MemoryReactor()
-    cls("s", options, None, reactor).endpoint().listen(protocol.Factory.forProtocol(Recorder))
+    cls("s", options, fake_context(None, reactor)).endpoint().listen(protocol.Factory.forProtocol(Recorder))
     context_factory = reactor.sslServers[0][2]
     assert isinstance(context_factory, tls.ClientCertificateOptions)
     assert context_factory.options.requireCertificate is required

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from source_fakes import Conn, log_lines  # noqa: F401  (log_lines is a fixture)
+from source_fakes import Conn, fake_context, log_lines  # noqa: F401  (log_lines is a fixture)
 from stream_harness import LineProtocol, LineSource, make_source
 from logrouter.sources.stream import HandshakeDone, HandshakeFailed
 
@@ -44,7 +44,7 @@ class GreetingSource(LineSource):
 
 def greeting_source(**overrides: Any):
     source, router, clock = make_source(**overrides)
-    greeting = GreetingSource("lines", source.options, router, clock)
+    greeting = GreetingSource("lines", source.options, fake_context(router, clock))
     greeting.port = source.port
     return greeting, router, clock
 

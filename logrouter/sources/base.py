@@ -16,9 +16,7 @@ requests, each under its own metric names.
 
 A source is built from a ``SourceContext`` (``build_source``): the router it hands
 batches to (``ingest``), the reactor, a thread runner, the error path and a state
-directory of its own. Sources written against ``SourceBase`` take ``(name, options,
-context)``; the stream sources keep the ``(name, options, router, reactor)`` signature
-their tests use, and reach the rest of the context through the router.
+directory of its own. Every source takes ``(name, options, context)``.
 """
 
 from __future__ import annotations
@@ -128,15 +126,8 @@ def counter_samples(source: Any, labels: dict[str, str]) -> Iterator[Sample]:
 
 
 def build_source(cls: type, name: str, options: dict[str, Any], context: SourceContext) -> Source:
-    """Construct a source of ``cls`` from the context.
-
-    ``SourceBase`` subclasses take the context itself; other classes (the stream sources)
-    take ``(name, options, router, reactor)``.
-    """
-    if isinstance(cls, type) and issubclass(cls, SourceBase):
-        source = cls(name, options, context)
-    else:
-        source = cls(name, options, context.router, context.reactor)
+    """Construct a source of ``cls`` (every source takes ``(name, options, context)``)."""
+    source = cls(name, options, context)
     if not isinstance(source, Source):
         missing = [m for m in ("start", "stop", "pause_reading", "resume_reading", "samples") if not hasattr(source, m)]
         raise TypeError(f"source class {cls.__name__} does not keep the source contract: missing {', '.join(missing)}")

@@ -30,6 +30,7 @@ from logrouter import tls
 from logrouter.batch import Batch
 from logrouter.config.endpoints import listen_option
 from logrouter.config.options import Option, non_negative, one_of, positive
+from logrouter.sources.base import SourceContext
 from logrouter.wire.errors import DecodeError
 
 STREAM_OPTIONS: dict[str, Option] = {
@@ -632,11 +633,12 @@ class StreamSource:
     CLIENT_AUTH_ALIASES: dict[str, dict[Any, str]] = {}
     log = Logger(namespace="logrouter.source")
 
-    def __init__(self, name: str, options: dict[str, Any], router: Any, reactor: Any) -> None:
+    def __init__(self, name: str, options: dict[str, Any], context: SourceContext) -> None:
         self.name = name
         self.options = options
-        self.router = router
-        self.reactor = reactor
+        self.context = context
+        self.router = context.router
+        self.reactor = context.reactor
         self.connections: set[StreamProtocol] = set()
         self.per_peer: dict[str, int] = {}
         self.paused = False
