@@ -839,6 +839,20 @@ def test_a_bad_deferred_message_yields_no_part(blob, options, reason):
         next(parts)
 
 
+def test_gzip_pieces_keep_their_256_kib_input_slices():
+    # Deferred parts end on inflated pieces, and a piece ends where zlib's input slice
+    # did: the slices stay 256 KiB so that a resend splits the same way as it always has
+    # (part dedupe keys), whatever the shared inflate's default.
+    import os
+
+    from logrouter.wire import fluent_forward as ff
+
+    data = os.urandom(1 << 20)
+    pieces = list(ff._gunzip_pieces(gzip.compress(data, 0), 1 << 21, 1 << 20))
+    assert b"".join(pieces) == data
+    assert 64 << 10 < max(map(len, pieces)) <= 256 << 10
+
+
 def test_an_unknown_compression_is_refused_by_feed_even_for_a_big_blob():
     data = packed_message("t", raw_entries(BIG_EVENTS), {"compressed": "lz4"})
     with pytest.raises(ForwardDecodeError, match="'lz4'"):

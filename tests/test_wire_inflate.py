@@ -173,3 +173,16 @@ def test_stream_garbage_same_error_every_split():
                 stream_all([data[:cut], data[cut:]])
             errors.add(info.value.reason)
         assert len(errors) == 1 and not info.value.too_big
+
+
+def test_input_slice_changes_the_pieces_not_the_result():
+    data = os.urandom(1 << 20)  # stored blocks: each piece ends where its input slice did
+    blob = gzip.compress(data, 0) + gzip.compress(TEXT)
+    default = list(inflate_pieces(blob, 1 << 21, GZIP))
+    wide = list(inflate_pieces(blob, 1 << 21, GZIP, input_slice=256 << 10))
+    assert b"".join(default) == b"".join(wide) == data + TEXT
+    assert max(map(len, default)) <= 64 << 10 < max(map(len, wide)) <= 256 << 10
+    for cut in (len(blob) // 3, len(blob) - 5):
+        for input_slice in (1, 4096, 256 << 10):
+            with pytest.raises(InflateError, match="truncated"):
+                inflate(blob[:cut], 1 << 21, GZIP, input_slice=input_slice)

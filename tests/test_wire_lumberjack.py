@@ -624,3 +624,22 @@ def test_a_compressed_frame_holds_at_most_one_window_of_frames():
     # Outside C frames, the count does not apply: plain frames arrive at the network's pace.
     plain = lj.encode_window(1) + lj.encode_json(1, {}) * 10
     assert summarize(decode([plain], max_window_size=1))[-1][4] == 10
+
+
+def test_compressed_frames_go_through_the_shared_bounded_inflate(monkeypatch):
+    # The C frame is inflated by logrouter.wire.inflate, which hands zlib the payload in
+    # slices (each byte once) and stops one byte past the budget.
+    from logrouter.wire import inflate as inflate_module
+
+    pad = random.Random(9).randbytes(1 << 19).hex()
+    frame = lj.encode_compressed(b"".join(lj.encode_json(i + 1, {"pad": pad[i:]}) for i in range(8)), 1)
+    counts: list[int] = []
+    monkeypatch.setattr(
+        inflate_module,
+        "zlib",
+        types.SimpleNamespace(decompressobj=lambda *args: _CountingInflater(counts), error=zlib.error),
+    )
+    (events,) = decode([frame])
+    assert len(events.records) == 8 and counts and sum(counts) <= 2 * len(frame)
+    with pytest.raises(DecodeError, match="inflates to more than max_decompressed_bytes 1000000"):
+        decode([frame], max_decompressed_bytes=1_000_000, max_frame_bytes=64 << 20)

@@ -36,7 +36,6 @@ import json
 import re
 import struct
 import time as _time
-import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +43,7 @@ from typing import Any
 import msgpack
 
 from logrouter.wire.errors import DecodeError
+from logrouter.wire.inflate import GZIP, InflateError, inflate_pieces
 
 try:
     import zstandard
@@ -82,8 +82,10 @@ _EVENT_TIME = struct.Struct(">II")  # u32 seconds, u32 nanoseconds (section 6)
 # One inflate/read step produces at most this much, so a bomb is caught one step after
 # it passes the limit instead of after it has filled memory.
 _DECOMPRESS_STEP_BYTES = 1 << 20
-# Compressed input is handed to zlib this much at a time: its unconsumed_tail is a copy,
-# so handing it a whole big blob would copy the rest of the blob at every step.
+# Compressed gzip input handed to zlib per call. The inflated pieces end where a slice was
+# used up and a deferred message's parts end on pieces, and a part's dedupe key is its
+# index: a resend after a crash, even one by an upgraded logrouter, must split the same
+# way, so this stays what it has been (inflate.py's default is 64 KiB).
 _INFLATE_INPUT_BYTES = 256 << 10
 # msgpack refuses nesting deeper than this (its C unpacker's fixed stack).
 _MSGPACK_MAX_DEPTH = 1024
@@ -347,36 +349,22 @@ def _slices(blob: bytes) -> Iterator[memoryview]:
 
 def _gunzip_pieces(blob: bytes, limit: int, step: int) -> Iterator[bytes]:
     """Inflate one or more concatenated gzip members (compressable.rb concatenates them)."""
-    view = memoryview(blob)
-    position = 0  # of the blob's next byte not yet handed to zlib
-    pending: bytes | memoryview = b""  # handed to the current inflater, not consumed yet
-    inflater = zlib.decompressobj(wbits=31)
-    in_member = False
-    total = 0
     try:
-        while True:
-            if not pending:
-                if position >= len(view):
-                    break
-                pending = view[position : position + _INFLATE_INPUT_BYTES]
-                position += len(pending)
-            piece = inflater.decompress(pending, min(limit - total + 1, step))
-            in_member = True
-            total += len(piece)
-            if total > limit:
-                raise _too_big(limit)
-            if inflater.eof:
-                pending = inflater.unused_data  # the next member starts there
-                inflater = zlib.decompressobj(wbits=31)
-                in_member = False
-            else:
-                pending = inflater.unconsumed_tail
-            if piece:
-                yield piece
-    except zlib.error as exc:
-        raise ForwardDecodeError(f"bad gzip data: {exc}") from exc
-    if in_member:
-        raise ForwardDecodeError("bad gzip data: truncated member")
+        yield from inflate_pieces(blob, limit, GZIP, step=step, input_slice=_INFLATE_INPUT_BYTES)
+    except InflateError as exc:
+        raise _gunzip_error(exc, limit) from None
+
+
+def _gunzip_error(error: InflateError, limit: int) -> ForwardDecodeError:
+    """The codec's reasons for what the bounded inflate refused."""
+    if error.too_big:
+        return _too_big(limit)
+    reason = error.reason
+    if reason == "compressed data is truncated":
+        return ForwardDecodeError("bad gzip data: truncated member")
+    if reason.startswith("bad compressed data: "):
+        reason = reason[len("bad compressed data: ") :]
+    return ForwardDecodeError(f"bad gzip data: {reason}")
 
 
 def _unzstd_pieces(blob: bytes, limit: int, step: int) -> Iterator[bytes]:

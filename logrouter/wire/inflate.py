@@ -17,7 +17,9 @@ remaining budget plus one byte (and at most ``step`` bytes) per call, so a bomb 
 one step after it passes the limit instead of after it has filled memory. Compressed
 input is handed to zlib in slices of ``INPUT_SLICE_BYTES``: zlib copies the input it has
 not consumed yet (``unconsumed_tail``) after every call, which for a whole 64 MiB payload
-inflating in 1 MiB steps was a copy of the payload per step.
+inflating in 1 MiB steps was a copy of the payload per step. (``inflate_pieces`` takes
+another ``input_slice``: where a codec's pieces mark boundaries that must stay as they
+were, e.g. the forward codec's deferred parts, whose dedupe keys a resend relies on.)
 
 Problems raise ``InflateError(reason, too_big=...)``; ``too_big`` is set when a limit was
 hit (as opposed to bad or truncated data). Codecs turn it into their own ``DecodeError``.
@@ -77,13 +79,16 @@ def inflate_pieces(
     *,
     members: bool | None = None,
     step: int = DEFAULT_STEP_BYTES,
+    input_slice: int = INPUT_SLICE_BYTES,
 ) -> Iterator[bytes]:
     """Inflate one complete block, yielding pieces of at most ``step`` bytes, never more
     than ``limit`` bytes in all (the error is raised once ``limit`` + 1 bytes came out).
 
     ``members`` (default: True for gzip ``wbits``, False otherwise) allows several
     concatenated streams; an empty blob is then zero streams. Without it the blob must be
-    exactly one stream. Errors are raised as the pieces are read.
+    exactly one stream. Errors are raised as the pieces are read. Compressed input is
+    handed to zlib ``input_slice`` bytes at a time; the pieces depend on it (a piece ends
+    where its slice was used up), the joined result and the errors do not.
     """
     if members is None:
         members = _is_gzip(wbits)
@@ -97,7 +102,7 @@ def inflate_pieces(
     try:
         while True:
             if not pending and position < size:
-                pending = view[position : position + INPUT_SLICE_BYTES]
+                pending = view[position : position + input_slice]
                 position += len(pending)
                 started = True
             ask = min(limit - total + 1, step)
@@ -132,9 +137,10 @@ def inflate(
     *,
     members: bool | None = None,
     step: int = DEFAULT_STEP_BYTES,
+    input_slice: int = INPUT_SLICE_BYTES,
 ) -> bytes:
     """``inflate_pieces`` joined: the whole inflated block (at most ``limit`` bytes)."""
-    return b"".join(inflate_pieces(blob, limit, wbits, members=members, step=step))
+    return b"".join(inflate_pieces(blob, limit, wbits, members=members, step=step, input_slice=input_slice))
 
 
 class StreamInflater:

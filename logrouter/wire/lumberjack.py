@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from logrouter.wire.errors import DecodeError
+from logrouter.wire.inflate import InflateError, inflate
 
 __all__ = [
     "Ack",
@@ -99,13 +100,6 @@ _U32X2 = struct.Struct(">II")
 _HEADER_U32 = struct.Struct(">BBI")
 _HEADER_U32X2 = struct.Struct(">BBII")
 
-# One inflate step produces at most this much, so a bomb is caught one step after it
-# passes the limit instead of after it has filled memory.
-_INFLATE_STEP_BYTES = 1 << 20
-# Compressed input is handed to zlib in slices this big: zlib copies the input it has not
-# consumed yet (``unconsumed_tail``) after every step, which for a whole 64 MiB payload
-# inflating in 1 MiB steps was a copy of the payload per step.
-_INFLATE_INPUT_BYTES = 64 << 10
 _UNBOUNDED = sys.maxsize
 
 # The C scanner behind json.loads, called directly: it skips json.loads' type dispatch,
@@ -518,36 +512,30 @@ class LumberjackDecoder:
         return -need
 
     def _inflate(self, blob: bytes) -> bytes:
-        """Inflate one ``C`` payload (zlib, RFC 1950) within the remaining size budget."""
-        inflater = zlib.decompressobj()
-        parts: list[bytes] = []
-        size = len(blob)
-        fed = 0
-        pending = b""
+        """Inflate one ``C`` payload (zlib, RFC 1950) within the remaining size budget
+        (``max_decompressed_bytes`` counts every C frame nested in a top-level one)."""
         try:
-            while not inflater.eof:
-                if not pending and fed < size:
-                    pending = blob[fed : fed + _INFLATE_INPUT_BYTES]
-                    fed += len(pending)
-                step = min(self._inflate_left + 1, _INFLATE_STEP_BYTES)
-                piece = inflater.decompress(pending, step)
-                self._inflate_left -= len(piece)
-                if self._inflate_left < 0:
-                    raise DecodeError(
-                        f"compressed frame inflates to more than max_decompressed_bytes "
-                        f"{self.max_decompressed_bytes}"
-                    )
-                if piece:
-                    parts.append(piece)
-                pending = inflater.unconsumed_tail
-                if not pending and not piece and fed >= size and not inflater.eof:
-                    raise DecodeError("truncated zlib stream in compressed frame")
-        except zlib.error as e:
-            raise DecodeError(f"bad zlib data in compressed frame: {e}") from None
-        trailing = len(inflater.unused_data) + size - fed
-        if trailing:
-            raise DecodeError(f"{trailing} bytes after the end of the zlib stream in a compressed frame")
-        return b"".join(parts)
+            inflated = inflate(blob, self._inflate_left)
+        except InflateError as e:
+            raise self._inflate_error(e) from None
+        self._inflate_left -= len(inflated)
+        return inflated
+
+    def _inflate_error(self, error: InflateError) -> DecodeError:
+        """The codec's reasons for what ``inflate`` refused."""
+        if error.too_big:
+            return DecodeError(
+                f"compressed frame inflates to more than max_decompressed_bytes {self.max_decompressed_bytes}"
+            )
+        reason = error.reason
+        if reason == "compressed data is truncated":
+            return DecodeError("truncated zlib stream in compressed frame")
+        if reason.startswith("bad compressed data: "):
+            return DecodeError(f"bad zlib data in compressed frame: {reason[len('bad compressed data: '):]}")
+        if reason.endswith(" bytes after the end of the compressed stream"):
+            trailing = reason[: -len(" bytes after the end of the compressed stream")]
+            return DecodeError(f"{trailing} bytes after the end of the zlib stream in a compressed frame")
+        return DecodeError(f"compressed frame: {reason}")
 
 
 # -- the client-side ack reader ------------------------------------------------------------
