@@ -410,3 +410,66 @@ def test_a_small_chunk_is_acked_while_a_huge_message_is_worked_on(tmp_path):
             assert metrics["logrouter_events_in_total"] == stored
             assert metrics["logrouter_duplicates_total"] >= BIG_INFLATED_MIB // 9  # parts of ~8 MiB
         daemon.stop_gracefully()
+
+
+KILL_CONFIG = """
+[router]
+metrics_listen = "tcp:0:interface=127.0.0.1"
+
+[spool]
+path = "spool"
+
+[sources.forward]
+type = "fluent_forward"
+listen = "tcp:{port}:interface=127.0.0.1"
+offload_part_bytes = 1048576
+
+[sinks.lake]
+type = "parquet"
+inputs = ["forward"]
+path = "lake"
+"""
+
+
+def numbered_message(chunk: str, count: int) -> bytes:
+    """A gzip CompressedPackedForward of ``count`` events with ids 0..count-1."""
+    entries = b"".join(
+        msgpack.packb([msgpack.ExtType(0, (T0).to_bytes(4, "big") + bytes(4)), {"id": i, "message": "m" * 40}])
+        for i in range(count)
+    )
+    options = {"compressed": "gzip", "chunk": chunk, "size": count}
+    compressor = zlib.compressobj(1, zlib.DEFLATED, 31)
+    blob = compressor.compress(entries) + compressor.flush()
+    return msgpack.packb(["app.parts", blob, options], use_bin_type=True)
+
+
+def test_a_kill_9_between_the_parts_of_a_big_message_stores_each_event_once(tmp_path):
+    """Parts stored before the kill are recognised by their keys when the client resends."""
+    from daemon import Daemon
+    from helpers import lake_column, recv_exactly
+
+    count = 300_000  # ~20 MiB of entries: about 20 parts of 1 MiB
+    message = numbered_message("parts-1", count)
+    ack = msgpack.packb({"ack": "parts-1"})
+    with socket.socket() as probe:  # the restarted router listens where the client reconnects
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = KILL_CONFIG.format(port=port)
+    with Daemon(tmp_path, config) as daemon:
+        daemon.start()
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as sender:
+            sender.sendall(message)
+            deadline = time.monotonic() + 60
+            stored = 0
+            while stored == 0 and time.monotonic() < deadline:
+                stored = daemon.metrics().get("logrouter_events_in_total", 0)
+            daemon.kill()
+    assert 0 < stored < count, f"the kill did not land between parts ({stored} of {count} stored)"
+    with Daemon(tmp_path, config) as daemon:
+        daemon.start()
+        with socket.create_connection(("127.0.0.1", port), timeout=120) as sender:
+            sender.sendall(message)  # no ack came: out_forward sends the chunk again
+            assert recv_exactly(sender, len(ack)) == ack
+        daemon.stop_gracefully()
+    ids = lake_column(tmp_path / "lake", "id")
+    assert len(ids) == count and set(ids) == set(range(count)), f"{len(ids)} rows for {count} events"
