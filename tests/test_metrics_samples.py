@@ -172,7 +172,7 @@ def test_a_class_missing_part_of_the_contract_is_refused(router):
     class Half:
         TYPE = "half"
 
-        def __init__(self, name: str, options: dict[str, Any], router: Any, reactor: Any) -> None:
+        def __init__(self, name: str, options: dict[str, Any], context: Any) -> None:
             self.name = name
 
         def start(self) -> defer.Deferred:
