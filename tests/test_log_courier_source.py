@@ -150,3 +150,13 @@ def test_paused_in_the_middle_of_a_payload_the_shipper_gets_ackn_0():
     assert conn.replies() == [lc.Ackn(N1, 100)]
     clock.advance(30)
     assert conn.replies() == []
+
+
+def test_a_helo_dribbled_in_is_closed_by_the_frame_deadline():
+    source, _, clock = make_source(frame_timeout_secs=10)
+    conn = Conn(source)
+    helo = lc.encode_helo()
+    for i in range(12):
+        conn.send(helo[i : i + 1])
+        clock.advance(1)
+    assert conn.transport.disconnecting and conn.protocol.close_reason == "slow_frame"
