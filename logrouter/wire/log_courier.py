@@ -117,9 +117,9 @@ _JSON_ERRORS = (ValueError, RecursionError)
 
 
 @dataclass(frozen=True, slots=True)
-class Helo:
-    """A client's handshake. ``client_id`` is the 4-byte id without NULs (``"LCOR"``,
-    ``"RYLC"``, ``""`` for unknown); ``size`` the body length it came with (0-32)."""
+class _Handshake:
+    """The body both sides' handshakes share. ``client_id`` is the 4-byte id without NULs
+    (``"LCOR"``, ``"RYLC"``, ``""`` for unknown); ``size`` the body length it came with (0-32)."""
 
     flags: int
     version: tuple[int, int, int]
@@ -132,17 +132,13 @@ class Helo:
 
 
 @dataclass(frozen=True, slots=True)
-class Vers:
-    """A server's handshake answer (same layout as ``Helo``)."""
+class Helo(_Handshake):
+    """A client's handshake."""
 
-    flags: int
-    version: tuple[int, int, int]
-    client_id: str
-    size: int = HANDSHAKE_BYTES
 
-    @property
-    def supports_evnt(self) -> bool:
-        return bool(self.flags & EVNT_FLAG)
+@dataclass(frozen=True, slots=True)
+class Vers(_Handshake):
+    """A server's handshake answer."""
 
 
 @dataclass(frozen=True, slots=True)
