@@ -155,21 +155,27 @@ def client_context(cert: Path) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=str(cert))
 
 
-def start_daemon(workdir: Path, durability: str, listen: str = "tcp:0:interface=127.0.0.1") -> tuple[subprocess.Popen, int, int, list[str]]:
-    return launch(workdir, f"""
+def source_to_lake(name: str, source_type: str, durability: str, listen: str = "tcp:0:interface=127.0.0.1", **source: str) -> str:
+    """The benchmarks' config: one source straight into a parquet lake, metrics on."""
+    extra = "".join(f"{key} = {json.dumps(value)}\n" for key, value in source.items())
+    return f"""
 [router]
 metrics_listen = "tcp:0:interface=127.0.0.1"
 [spool]
 path = "spool"
 durability = "{durability}"
-[sources.forward]
-type = "fluent_forward"
+[sources.{name}]
+type = "{source_type}"
 listen = {json.dumps(listen)}
-[sinks.lake]
+{extra}[sinks.lake]
 type = "parquet"
-inputs = ["forward"]
+inputs = ["{name}"]
 path = "lake"
-""", "forward")
+"""
+
+
+def start_daemon(workdir: Path, durability: str, listen: str = "tcp:0:interface=127.0.0.1") -> tuple[subprocess.Popen, int, int, list[str]]:
+    return launch(workdir, source_to_lake("forward", "fluent_forward", durability, listen), "forward")
 
 
 def launch(workdir: Path, config_text: str, source: str) -> tuple[subprocess.Popen, int, int, list[str]]:

@@ -29,7 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from forward_load import launch, measure  # noqa: E402
+from forward_load import launch, measure, source_to_lake  # noqa: E402
 
 from logrouter.wire import log_courier as lc  # noqa: E402
 
@@ -104,24 +104,6 @@ async def drive(port: int, args: argparse.Namespace, stats: Stats) -> float:
     return time.monotonic() - start
 
 
-def config(durability: str, tag: str) -> str:
-    return f"""
-[router]
-metrics_listen = "tcp:0:interface=127.0.0.1"
-[spool]
-path = "spool"
-durability = "{durability}"
-[sources.courier]
-type = "log_courier"
-listen = "tcp:0:interface=127.0.0.1"
-tag = {json.dumps(tag)}
-[sinks.lake]
-type = "parquet"
-inputs = ["courier"]
-path = "lake"
-"""
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=20)
@@ -134,7 +116,7 @@ def main() -> None:
     stats = Stats()
     with tempfile.TemporaryDirectory(prefix="logrouter-bench-") as tmp:
         workdir = Path(tmp)
-        proc, port, metrics_port, lines = launch(workdir, config(args.durability, args.tag), "courier")
+        proc, port, metrics_port, lines = launch(workdir, source_to_lake("courier", "log_courier", args.durability, tag=args.tag), "courier")
         run = measure(workdir, proc, metrics_port, lambda: asyncio.run(drive(port, args, stats)))
         elapsed = run.elapsed
         event_bytes = len(json.dumps(courier_event(1234), separators=(",", ":")))

@@ -32,7 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from forward_load import launch, measure  # noqa: E402
+from forward_load import launch, measure, source_to_lake  # noqa: E402
 
 from logrouter.wire import lumberjack as lj  # noqa: E402
 
@@ -99,24 +99,6 @@ async def drive(port: int, args: argparse.Namespace, stats: Stats) -> float:
     return time.monotonic() - start
 
 
-def config(durability: str, tag: str) -> str:
-    return f"""
-[router]
-metrics_listen = "tcp:0:interface=127.0.0.1"
-[spool]
-path = "spool"
-durability = "{durability}"
-[sources.beats]
-type = "lumberjack"
-listen = "tcp:0:interface=127.0.0.1"
-tag = {json.dumps(tag)}
-[sinks.lake]
-type = "parquet"
-inputs = ["beats"]
-path = "lake"
-"""
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=20)
@@ -131,7 +113,7 @@ def main() -> None:
     stats = Stats()
     with tempfile.TemporaryDirectory(prefix="logrouter-bench-") as tmp:
         workdir = Path(tmp)
-        proc, port, metrics_port, lines = launch(workdir, config(args.durability, args.tag), "beats")
+        proc, port, metrics_port, lines = launch(workdir, source_to_lake("beats", "lumberjack", args.durability, tag=args.tag), "beats")
         run = measure(workdir, proc, metrics_port, lambda: asyncio.run(drive(port, args, stats)))
         elapsed, fsync_count, rss, code, stop_secs, rows = (
             run.elapsed, run.fsyncs, run.rss_mb, run.exit_code, run.stop_secs, run.rows)
