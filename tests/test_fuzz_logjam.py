@@ -126,3 +126,39 @@ def test_mutated_compressed_bodies(compression: int, body: dict, data: Any, limi
     frames = lj.encode_message("app", "env", "logs", body, lj.Meta(compression))
     frames[2] = data.draw(mutated(st.just(frames[2])))
     decode(frames, limits)
+
+
+# -- the source's framing of ROUTER / PULL / SUB messages (empty frame, ping, legacy) -----
+
+def _source():
+    from twisted.internet import task
+
+    from logrouter.sources.logjam import LogjamSource
+    from source_fakes import FakeRouter, fake_context
+
+    options = {key: option.default for key, option in LogjamSource.OPTIONS.items()}
+    options.update(listen_pull="tcp://127.0.0.1:*", max_body_bytes=200, max_decompressed_bytes=300)
+    return LogjamSource("fuzz", options, fake_context(FakeRouter(), task.Clock()))
+
+
+SOURCE = _source()
+frame_lists = st.lists(
+    st.one_of(st.binary(max_size=64), st.sampled_from([b"", b"ping", b"heartbeat", b"a-b", b"logs"]),
+              st.builds(lj.encode_meta, metas)),
+    max_size=7,
+)
+
+
+@fuzz_settings()
+@given(st.sampled_from(["sub", "router", "pull"]), frame_lists)
+def test_source_decode_never_raises(kind: str, frames: list[bytes]) -> None:
+    from logrouter.sources.logjam import Ping, Request
+
+    request = SOURCE.decode(kind, frames)
+    assert isinstance(request, Request)
+    decoded = request.decoded
+    assert isinstance(decoded, (lj.LogjamMessage, lj.Heartbeat, Ping, lj.LogjamDecodeError))
+    if isinstance(decoded, lj.LogjamDecodeError):
+        assert decoded.kind in lj.ERROR_KINDS
+    # a reply is owed exactly when a ROUTER message starts with the empty frame
+    assert (request.reply_first is not None) == (kind == "router" and bool(frames) and frames[0] == b"")
