@@ -27,6 +27,7 @@ BUILTIN_MODULES = (
     "logrouter.sinks.parquet",
     "logrouter.sinks.fluent_forward",
     "logrouter.sinks.lumberjack",
+    "logrouter.sinks.logjam",
 )
 
 
