@@ -21,6 +21,7 @@ BUILTIN_MODULES = (
     "logrouter.sources.fluent_forward",
     "logrouter.sources.lumberjack",
     "logrouter.sources.log_courier",
+    "logrouter.sources.logjam",
     "logrouter.filters.match",
     "logrouter.filters.grep",
     "logrouter.filters.fields",

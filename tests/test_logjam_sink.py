@@ -134,7 +134,7 @@ def harnesses():
 def meta_record(i: int, **meta: Any) -> dict:
     logjam = {"app": "shop", "env": "production", "topic": "logs.web", "device": 3, "sequence": 100 + i}
     logjam.update(meta)
-    return {"action": "Orders#show", "code": 200, "n": i, "logjam": logjam}
+    return {"action": "Orders#show", "code": 200, "n": i, **{f"logjam_{k}": v for k, v in logjam.items()}}
 
 
 # -- messages --------------------------------------------------------------------------------
@@ -166,8 +166,8 @@ def test_records_without_metadata_use_the_templates(harnesses):
         [
             {"service": "billing", "stage": "prod", "kind": "db", "msg": "a"},
             {"stage": "test", "msg": "b"},
-            {"service": "x", "stage": "prod", "logjam": {"app": "a", "env": "e"}, "msg": "c"},  # no topic: templates
-            {"service": "y", "stage": "prod", "logjam": "not an object", "msg": "d"},
+            {"service": "x", "stage": "prod", "logjam_app": "a", "logjam_env": "e", "msg": "c"},  # no topic: templates
+            {"service": "y", "stage": "prod", "logjam_app": 1, "logjam_env": "e", "logjam_topic": "t", "msg": "d"},
         ]
     )
     messages = h.receive(4)
@@ -178,16 +178,16 @@ def test_records_without_metadata_use_the_templates(harnesses):
         ("y", "prod", "logs.app"),
     ]
     assert messages[0].body == {"service": "billing", "stage": "prod", "kind": "db", "msg": "a"}
-    assert messages[2].body == {"service": "x", "stage": "prod", "msg": "c"}  # the field is left out either way
+    assert messages[2].body == {"service": "x", "stage": "prod", "msg": "c"}  # the fields are left out either way
 
 
-def test_default_templates_and_no_metadata_field(harnesses):
-    h = harnesses(metadata_field="")
+def test_default_templates_and_no_metadata_prefix(harnesses):
+    h = harnesses(metadata_prefix="")
     h.subscribe()
     h.record([meta_record(0)])
     (m,) = h.receive(1)
     assert (m.app, m.env, m.topic) == ("logrouter", "production", "logs")
-    assert m.body["logjam"]["app"] == "shop"  # "" = no metadata field: the record is the body
+    assert m.body["logjam_app"] == "shop"  # "" = no metadata fields: the record is the body
 
 
 def test_values_json_has_no_form_for_are_spelled_as_in_the_lake(harnesses):
@@ -496,7 +496,7 @@ def errors_of(text: str) -> list[str]:
 
 def test_config_defaults_and_errors_name_their_keys():
     options = load_string(config(bind="tcp://*:9606", device_number=3)).sinks["out"].options
-    assert (options["compression"], options["heartbeat_secs"], options["announce"], options["metadata_field"]) == ("none", 5, "", "logjam")
+    assert (options["compression"], options["heartbeat_secs"], options["announce"], options["metadata_prefix"]) == ("none", 5, "", "logjam_")
     assert (options["app"], options["env"], options["topic"]) == ("logrouter", "production", "logs")
     assert (options["send_hwm"], options["linger_secs"]) == (10000, 1.0)
     assert errors_of(config()) == ["sinks.out.bind: required key is missing", "sinks.out.device_number: required key is missing"]

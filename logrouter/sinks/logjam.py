@@ -6,12 +6,12 @@ The frames themselves are ``logrouter.wire.logjam``'s; this module owns what goe
 them, the numbering, the heartbeats, the socket and the cursor.
 
 **Messages.** Every event becomes one 4-frame message: app-env, topic, body, meta-info.
-``app``, ``env`` and ``topic`` come from the record's ``metadata_field`` (default
-``logjam``: what the ``logjam`` source stores, ``{"app", "env", "topic", "device",
-"sequence"}``) when it is an object with string ``app``, ``env`` and ``topic``; otherwise
-from the ``app`` / ``env`` / ``topic`` templates (``${field}``, ``${field:-default}``)
-rendered over the record. The body is the record without the metadata field (the
-record itself is never changed), as compact UTF-8 JSON with values JSON has no form
+``app``, ``env`` and ``topic`` come from the record's ``<metadata_prefix>app``, ``…env``
+and ``…topic`` fields when all three are strings (default prefix ``logjam_``: what the
+``logjam`` source adds, with ``…device`` and ``…sequence``); otherwise from the ``app`` /
+``env`` / ``topic`` templates (``${field}``, ``${field:-default}``) rendered over the
+record. The body is the record without those five fields (the record itself is never
+changed), as compact UTF-8 JSON with values JSON has no form
 for spelled as in the lake's ``_extra`` column (``logrouter.lake.extra``), compressed as
 ``compression`` says. created_ms is the event time in milliseconds. An event whose
 app-env the device would refuse (bytes outside 32..127, a ``-`` in env, an empty app or
@@ -69,6 +69,7 @@ from logrouter.sinks.base import SINK_OPTIONS, SinkBase
 from logrouter.sinks.state import CursorSaver
 from logrouter.sources.events import TagTemplate
 from logrouter.wire import logjam as wire
+from logrouter.wire.logjam import METADATA_NAMES
 
 STATE_SAVE_SECS = 1.0
 INLINE_EVENTS = 64  # records this small are encoded on the reactor thread (a thread hop costs more)
@@ -144,7 +145,7 @@ def stream_frame(app: str, env: str) -> bytes | str:
 
 def prepare(
     groups: list[tuple[str, list[Event]]],
-    field: str,
+    prefix: str,
     app: TagTemplate,
     env: TagTemplate,
     topic: TagTemplate,
@@ -158,17 +159,14 @@ def prepare(
     topics: dict[str, bytes | None] = {}
     compress = wire.compress_body
     render_app, render_env, render_topic = app.render, env.render, topic.render
+    app_key, env_key, topic_key = prefix + "app", prefix + "env", prefix + "topic"
+    metadata_keys = frozenset(prefix + name for name in METADATA_NAMES) if prefix else frozenset()
     for tag, events in groups:
         for time_ns, record in events:
-            meta = record.get(field) if field else None
-            if (
-                meta.__class__ is dict
-                and meta.get("app").__class__ is str
-                and meta.get("env").__class__ is str
-                and meta.get("topic").__class__ is str
-            ):
-                a, e, t = meta["app"], meta["env"], meta["topic"]
-            else:
+            a = record.get(app_key) if prefix else None
+            e = record.get(env_key) if prefix else None
+            t = record.get(topic_key) if prefix else None
+            if a.__class__ is not str or e.__class__ is not str or t.__class__ is not str:
                 a, e, t = render_app(record), render_env(record), render_topic(record)
             stream = streams.get((a, e))
             if stream is None:
@@ -182,7 +180,7 @@ def prepare(
             if topic_frame is None:
                 invalid.append((tag, record, f"not sent: topic {t!r} is not ASCII"))
                 continue
-            body = {k: v for k, v in record.items() if k != field} if field and field in record else record
+            body = {k: v for k, v in record.items() if k not in metadata_keys} if prefix and app_key in record else record
             try:
                 data = encode_extra(body).encode("utf-8")
             except Exception as exc:  # noqa: BLE001 - one odd value costs only its event
@@ -248,11 +246,11 @@ class LogjamSink(SinkBase):
             "endpoint the heartbeats announce, where importers reconnect; `\"\"` = `tcp://<this host's FQDN>:<bound port>`",
             _check_announce,
         ),
-        "metadata_field": Option(
+        "metadata_prefix": Option(
             str,
-            "logjam",
-            "record field with the `app`, `env` and `topic` to publish under (the `logjam` source's); it is left out of "
-            'the body; `""` = none, always use the templates',
+            "logjam_",
+            "records with string `<prefix>app`, `<prefix>env` and `<prefix>topic` fields (what the `logjam` source adds) are "
+            'published under those; the five `<prefix>` fields are left out of the body; `""` = always use the templates',
         ),
         "app": Option(str, "logrouter", "app of records without metadata; `${field}` / `${field:-default}` refer to record fields", _template_check("app")),
         "env": Option(str, "production", "env of records without metadata (no `-`); `${field}` as in `app`", _template_check("env")),
@@ -270,7 +268,7 @@ class LogjamSink(SinkBase):
 
     def __init__(self, name: str, options: dict[str, Any], errors: Any, reactor: Any) -> None:
         super().__init__(name, options, errors, reactor)
-        self.field = options["metadata_field"]
+        self.prefix = options["metadata_prefix"]
         self.device = int(options["device_number"])
         self.compression = COMPRESSION_IDS[options["compression"]]
         self.templates = (TagTemplate(options["app"]), TagTemplate(options["env"]), TagTemplate(options["topic"]))
@@ -431,7 +429,7 @@ class LogjamSink(SinkBase):
 
     def _prepare_args(self, record: _Record) -> tuple[Any, ...]:
         app, env, topic = self.templates
-        return (record.groups, self.field, app, env, topic, self.compression)
+        return (record.groups, self.prefix, app, env, topic, self.compression)
 
     def _prepared(self, result: tuple[list[Prepared], list[Invalid]], record: _Record) -> None:
         record.messages, record.invalid = result

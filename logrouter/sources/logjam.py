@@ -21,9 +21,10 @@ them three ways, in any combination:
 * ``listen_pull``: a PULL socket for PUSH agents (fire and forget); 3-frame messages of
   legacy producers (no meta) are taken as uncompressed with the arrival time.
 
-Each data message becomes one event: the JSON body as the record, plus
-``record[metadata_field]`` = ``{app, env, topic, device, sequence}`` (what the ``logjam``
-sink needs to publish it again). The event time is the body's first ``time_fields``
+Each data message becomes one event: the JSON body as the record, plus the fields
+``<metadata_prefix>app``, ``…env``, ``…topic``, ``…device`` and ``…sequence`` (default
+prefix ``logjam_``: flat fields, so they are typed columns in the lake; the ``logjam``
+sink publishes a record under them again). The event time is the body's first ``time_fields``
 entry that holds one (a number is ms since the epoch, as ``started_ms``; a string is
 RFC 3339, as ``started_at``), else the meta's ``created_ms``, else the arrival time. The
 tag renders ``tag`` over ``app``, ``env`` and ``topic``.
@@ -116,8 +117,9 @@ class LogjamSource(SourceBase):
         "listen_router": bind_option("", "ROUTER endpoint for DEALER agents (`tcp://*:9604`); replies `202 Accepted` once durable; empty = off"),
         "listen_pull": bind_option("", "PULL endpoint for PUSH agents (`tcp://*:9605`); empty = off"),
         "tag": Option(str, "logjam.${app}.${env}", "the batches' tag; `${app}`, `${env}` and `${topic}` insert the message's", check_tag),
-        "metadata_field": Option(
-            str, "logjam", "field that gets `{app, env, topic, device, sequence}` of each message (empty = none)"
+        "metadata_prefix": Option(
+            str, "logjam_", "each record gets `<prefix>app`, `…env`, `…topic`, `…device` and `…sequence` of its message "
+            "(they replace body fields of those names; empty = none)"
         ),
         "time_fields": Option(
             list, ["started_ms", "started_at"], "body fields that give the event time, first found wins "
@@ -166,7 +168,8 @@ class LogjamSource(SourceBase):
         )
         self.tag = TagTemplate(options["tag"])
         self._tags: dict[tuple[str, str, str], str] = {}
-        self.metadata_field = options["metadata_field"]
+        prefix = options["metadata_prefix"]
+        self.metadata_keys = tuple(prefix + name for name in wire.METADATA_NAMES) if prefix else ()
         self.time_fields = tuple(options["time_fields"])
         self.fqdn = options["fqdn"] or socket.getfqdn()
         self.max_body_bytes = options["max_body_bytes"]
@@ -322,7 +325,7 @@ class LogjamSource(SourceBase):
         now_ns = int(self.last_received * NANOS)
         groups: dict[str, tuple[list[Any], list[list[bytes]]]] = {}
         specs = self.specs
-        metadata_field = self.metadata_field
+        metadata_keys = self.metadata_keys
         tracker = self.tracker
         for item in chunk:
             request = item.decoded
@@ -336,14 +339,13 @@ class LogjamSource(SourceBase):
                     self.duplicates_dropped += 1
                     continue
                 record = dict(decoded.body)
-                if metadata_field:
-                    record[metadata_field] = {
-                        "app": decoded.app,
-                        "env": decoded.env,
-                        "topic": decoded.topic,
-                        "device": meta.device,
-                        "sequence": meta.sequence,
-                    }
+                if metadata_keys:
+                    app_key, env_key, topic_key, device_key, sequence_key = metadata_keys
+                    record[app_key] = decoded.app
+                    record[env_key] = decoded.env
+                    record[topic_key] = decoded.topic
+                    record[device_key] = meta.device
+                    record[sequence_key] = meta.sequence
                 tag = self._tag_of(decoded.app, decoded.env, decoded.topic)
                 group = groups.get(tag)
                 if group is None:

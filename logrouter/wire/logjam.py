@@ -66,6 +66,7 @@ __all__ = [
     "META_TAG",
     "META_TAG_SWAPPED",
     "META_VERSION",
+    "METADATA_NAMES",
     "Meta",
     "NONE",
     "OK",
@@ -86,6 +87,10 @@ __all__ = [
     "is_well_formed_topic",
     "split_stream_name",
 ]
+
+#: What a logrouter record carries of its message, as ``<prefix><name>`` fields (the
+#: ``logjam`` source adds them, the ``logjam`` sink publishes under them).
+METADATA_NAMES = ("app", "env", "topic", "device", "sequence")
 
 # Compression ids (section 2, meta offset 2).
 NONE = 0
