@@ -413,3 +413,30 @@ def test_a_forced_gap_while_paused_is_counted_exactly(sockets, started) -> None:
     assert stream.lost > 0, "the high-water marks were not overrun"
     assert delivered + stream.lost == stream.last == max(r["n"] for _, _, r in events(router))
     assert stream.duplicates == 0
+
+
+def test_subscriptions_filter_by_app_env_prefix_and_keep_heartbeats(sockets, started) -> None:
+    pub, endpoint = publisher(sockets)
+    source, router, clock = make(connect=[endpoint], subscriptions=["shop-"])
+    assert source.specs[0].subscriptions == (b"shop-", b"heartbeat")
+    started(source, clock)
+    join(pub, source, clock)
+    pub.send_multipart(wire.encode_message("other", "prod", "logs", {"n": 1}, meta(1)))
+    pub.send_multipart(wire.encode_message("shop", "prod", "logs", {"n": 2}, meta(2)))
+    clock.run_until(lambda: len(events(router)) == 1, "the subscribed message")
+    assert [r["n"] for _, _, r in events(router)] == [2]
+    assert not clock.run_pending(0.2)
+
+
+def test_silence_while_paused_is_not_the_devices(sockets, started) -> None:
+    pub, endpoint = publisher(sockets)
+    source, router, clock = make(connect=[endpoint], silence_secs=30)
+    started(source, clock)
+    join(pub, source, clock)
+    pub.send_multipart(wire.encode_heartbeat("tcp://dev:9606", 3, 1, 0))
+    clock.run_until(lambda: source.heartbeats == 1, "a heartbeat")
+    source.pause_reading()
+    clock.advance(60)
+    source.resume_reading()
+    clock.advance(10)
+    assert source.reconnects == 0

@@ -11,7 +11,10 @@ them three ways, in any combination:
   are lost messages, a step back is a duplicate (dropped) or a device restart (logged
   once), heartbeats take their sequence number too and keep a device alive; an endpoint
   whose devices were all silent for ``silence_secs`` (the importer's 30 s) is
-  disconnected and connected again. With ``subscriptions`` set, the device still numbers
+  disconnected and connected again. The C importer has one SUB socket for all devices,
+  so it maps the endpoint a device's heartbeat announced back to a configured one to
+  know what to reconnect (and refuses unknown ones); with a socket per configured
+  endpoint the silent socket is known, and the announced endpoints go into the log line. With ``subscriptions`` set, the device still numbers
   the streams we did not subscribe to, so gaps are only exact with everything subscribed.
 * ``listen_router``: a ROUTER socket for DEALER agents. A request-reply message (empty
   first frame) gets ``<app-env>``, ``202 Accepted`` only **once it is durable** (the C
@@ -236,6 +239,11 @@ class LogjamSource(SourceBase):
     def resume_reading(self) -> None:
         self.paused = False
         if self.receiver is not None and not self.stopping:
+            for spec in self.specs:
+                if spec.kind == SUB:
+                    # Silence while we did not read was ours, not the devices': their
+                    # silence clocks start again now.
+                    self.tracker.reconnecting(spec.endpoint)
             self.receiver.resume()
 
     def stop(self) -> defer.Deferred:
@@ -370,7 +378,7 @@ class LogjamSource(SourceBase):
                 if request.__class__ is Request and request.reply_first is not None:
                     self._bad_request(item, request.reply_first)
         for tag, (events, replies) in groups.items():
-            self._store(Batch(tag, events, self.name), replies, chunk[0].socket)
+            self._store(Batch(tag, events, self.name), replies)
 
     def _dropped(self, item: Received, spec: SocketSpec, error: Any) -> None:
         if isinstance(error, wire.LogjamDecodeError):
@@ -378,7 +386,7 @@ class LogjamSource(SourceBase):
         else:  # a bug in decoding: still only this message's loss, but say what it was
             self.drops.drop("internal", f"{type(error).__name__}: {error} (from {spec.kind.upper()} {spec.endpoint})")
 
-    def _store(self, batch: Batch, replies: list[list[bytes]], socket_index: int) -> None:
+    def _store(self, batch: Batch, replies: list[list[bytes]]) -> None:
         d = self.router.ingest(batch)
         self.pending.add(d)
 

@@ -236,8 +236,8 @@ class ZmqReceiver:
             events = dict((readers if may_read else waker).poll(_POLL_MS))
             if self._wake_r in events or self._wake_r.fileno() in events:
                 self._drain_wake()
-            if not may_read or self._stopping:
-                continue
+            if not may_read or self._stopping or self._paused:
+                continue  # (paused again: a pause that came while polling holds from now on)
             ready = [i for i, s in enumerate(sockets) if events.get(s)]
             if not ready:
                 continue
