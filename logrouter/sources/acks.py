@@ -235,7 +235,7 @@ class AckingConnection:
             source.reactor,
             self.write_acks,
             self.encode_ack,
-            source.options["keepalive_secs"],
+            source.options.get("keepalive_secs", 0),  # a protocol without keepalives has no such option
             self.encode_keepalive,
             also_waiting=self.stalled_by_us,
         )

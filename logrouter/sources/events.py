@@ -66,6 +66,27 @@ def _time_of(stamp: Any, now: int) -> int:
     return now
 
 
+def time_from_fields(body: dict[str, Any], names: tuple[str, ...], fallback_ns: int) -> int:
+    """The event time in ns from the first of ``names`` in ``body`` that holds one: a
+    number is milliseconds since the epoch (logjam's ``started_ms``), a string RFC 3339
+    (``started_at``); a time outside int64 ns does not count. Else ``fallback_ns``."""
+    for name in names:
+        value = body.get(name)
+        if value is None:
+            continue
+        t = None
+        if value.__class__ is int or value.__class__ is float:
+            try:
+                t = int(value * 1_000_000)
+            except (OverflowError, ValueError):  # inf, nan
+                t = None
+        elif value.__class__ is str:
+            t = timestamp_ns(value)
+        if t is not None and _MIN_NS <= t <= _MAX_NS:
+            return t
+    return fallback_ns
+
+
 def timestamp_ns(text: str) -> int | None:
     """An RFC 3339 time (``2024-01-02T03:04:05.678Z``, any fraction up to nanoseconds,
     ``Z`` or ``±HH:MM``) as nanoseconds since the epoch; None when it does not parse.

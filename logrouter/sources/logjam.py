@@ -60,13 +60,12 @@ from logrouter.config.zmq_endpoints import bind_option, check_connect_endpoints
 from logrouter.router import UnstorableBatch
 from logrouter.sources.base import Sample, SourceBase
 from logrouter.sources.drops import DroppedMessages
-from logrouter.sources.events import NANOS, TagTemplate, check_tag, timestamp_ns
+from logrouter.sources.events import NANOS, TagTemplate, check_tag, time_from_fields
 from logrouter.sources.sequence import DEFAULT_SILENCE_SECS, SequenceTracker, Verdict
 from logrouter.sources.stream import STREAM_OPTIONS
 from logrouter.sources.zmq_receiver import PULL, ROUTER, SUB, Received, SocketSpec, ZmqReceiver
 from logrouter.wire import logjam as wire
 
-_MIN_NS = -(1 << 63)
 _MAX_NS = (1 << 63) - 1
 #: how often silence is checked: the importer's heartbeat tick (5 one-second ticks)
 LIVENESS_SECS = 5.0
@@ -435,25 +434,10 @@ class LogjamSource(SourceBase):
         return tag
 
     def _time_of(self, body: dict[str, Any], created_ms: int, now_ns: int) -> int:
-        for name in self.time_fields:
-            value = body.get(name)
-            if value is None:
-                continue
-            t = None
-            if value.__class__ is int or value.__class__ is float:
-                try:
-                    t = int(value * 1_000_000)
-                except (OverflowError, ValueError):  # inf, nan
-                    t = None
-            elif value.__class__ is str:
-                t = timestamp_ns(value)
-            if t is not None and _MIN_NS <= t <= _MAX_NS:
-                return t
-        if created_ms:
-            t = created_ms * 1_000_000
-            if t <= _MAX_NS:
-                return t
-        return now_ns
+        fallback = now_ns
+        if created_ms and created_ms * 1_000_000 <= _MAX_NS:
+            fallback = created_ms * 1_000_000
+        return time_from_fields(body, self.time_fields, fallback)
 
     # -- liveness ---------------------------------------------------------------------------
 
