@@ -6,6 +6,7 @@ git) and returns its path; it returns None when it cannot be had (no Go, the pro
 refuses or times out, the build fails), with the reason in ``build_reason()`` so a test
 can ``pytest.skip(build_reason())``. Everything Go writes (module cache, build cache,
 GOPATH) goes under ``tests/.cache/go/``; a rerun with the binary cached costs a stat.
+The building, caching and locking is ``tests/go_binary.py``'s ``GoBinary`` (``SHIPPER``).
 
 Knobs (environment):
 
@@ -28,153 +29,55 @@ server has acknowledged every event, and exits 0 by itself.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import shutil
 import signal
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Iterable
 
+from go_binary import CACHE_DIR, FAILURE_TTL, GO_DIR, TESTS_DIR, GoBinary  # noqa: F401 (re-exported)
+
 MODULE = "github.com/driskell/log-courier"
 DEFAULT_VERSION = "2c9d7dbd"  # commit of Log Courier 2.12.0 (docs/Protocol.md snapshot)
-VERSION = os.environ.get("LOGROUTER_LOG_COURIER_VERSION", DEFAULT_VERSION)
-BUILD_TIMEOUT = float(os.environ.get("LOGROUTER_LOG_COURIER_BUILD_TIMEOUT", "480"))
-FAILURE_TTL = 3600.0
 
-TESTS_DIR = Path(__file__).resolve().parent
-CACHE_DIR = TESTS_DIR / ".cache"
-GO_DIR = CACHE_DIR / "go"
-BUILD_DIR = CACHE_DIR / "log-courier" / VERSION.replace("/", "_")
-BINARY = BUILD_DIR / "log-courier"
-FAILED = BUILD_DIR / "FAILED"
-
-_result: tuple[Path | None, str] | None = None
+SHIPPER = GoBinary(
+    name="Log Courier shipper",
+    module=MODULE,
+    binary="log-courier",
+    default_version=DEFAULT_VERSION,
+    bin_env="LOGROUTER_LOG_COURIER_BIN",
+    version_env="LOGROUTER_LOG_COURIER_VERSION",
+    timeout_env="LOGROUTER_LOG_COURIER_BUILD_TIMEOUT",
+    default_timeout=480.0,
+    cgo=False,
+)
+VERSION = SHIPPER.version
+BUILD_TIMEOUT = SHIPPER.build_timeout
+BUILD_DIR = SHIPPER.build_dir
+BINARY = SHIPPER.binary
+FAILED = SHIPPER.failed
 
 
 def go_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment for every go command: caches inside the repo, no toolchain download."""
-    env = dict(os.environ)
-    env.update(
-        GOPATH=str(GO_DIR / "path"),
-        GOMODCACHE=str(GO_DIR / "mod"),
-        GOCACHE=str(GO_DIR / "build"),
-        # -modcacherw: the module cache stays deletable with a plain rm -rf tests/.cache
-        GOFLAGS="-mod=mod -modcacherw -buildvcs=false",
-        GOTOOLCHAIN="local",
-        GO111MODULE="on",
-        CGO_ENABLED="0",
-        GOTELEMETRY="off",
-    )
-    env.setdefault("GOPROXY", "https://proxy.golang.org,direct")
-    if extra:
-        env.update(extra)
-    return env
+    return SHIPPER.go_env(extra)
 
 
 def build_reason() -> str:
     """Why the last ``ensure_built()`` returned what it did (a path or a failure)."""
-    return ensure_built_with_reason()[1]
+    return SHIPPER.build_reason()
 
 
 def ensure_built() -> Path | None:
     """The path of the ``log-courier`` binary, built once and cached; None if unavailable."""
-    return ensure_built_with_reason()[0]
+    return SHIPPER.ensure_built()
 
 
 def ensure_built_with_reason() -> tuple[Path | None, str]:
-    global _result
-    if _result is None:
-        _result = _ensure_built()
-    return _result
-
-
-def _ensure_built() -> tuple[Path | None, str]:
-    override = os.environ.get("LOGROUTER_LOG_COURIER_BIN")
-    if override:
-        path = Path(override)
-        if path.is_file() and os.access(path, os.X_OK):
-            return path, f"prebuilt binary from LOGROUTER_LOG_COURIER_BIN: {path}"
-        return None, f"LOGROUTER_LOG_COURIER_BIN={override} is not an executable file"
-    if BINARY.is_file():
-        return BINARY, f"cached build {BINARY}"
-    go = shutil.which("go")
-    if go is None:
-        return None, "Log Courier shipper unavailable: no Go toolchain on PATH"
-    BUILD_DIR.mkdir(parents=True, exist_ok=True)
-    with open(BUILD_DIR / ".lock", "w") as lock:  # one builder at a time (parallel runs)
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if BINARY.is_file():
-            return BINARY, f"cached build {BINARY}"
-        remembered = _remembered_failure()
-        if remembered:
-            return None, remembered
-        started = time.monotonic()
-        ok, detail = _build(go)
-        took = time.monotonic() - started
-        if ok:
-            FAILED.unlink(missing_ok=True)
-            return BINARY, f"built {MODULE}@{VERSION} in {took:.1f}s: {detail}"
-        reason = f"Log Courier shipper unavailable: building {MODULE}@{VERSION} failed after {took:.1f}s: {detail}"
-        FAILED.write_text(json.dumps({"at": time.time(), "reason": reason}))
-        return None, reason
-
-
-def _remembered_failure() -> str | None:
-    try:
-        record = json.loads(FAILED.read_text())
-    except (OSError, ValueError):
-        return None
-    age = time.time() - float(record.get("at", 0))
-    if 0 <= age < FAILURE_TTL:
-        return f"{record.get('reason')} (remembered from {age:.0f}s ago; delete {FAILED} to retry)"
-    return None
-
-
-def _build(go: str) -> tuple[bool, str]:
-    """go get + go build in a throwaway module; (ok, detail)."""
-    deadline = time.monotonic() + BUILD_TIMEOUT
-    env = go_env()
-    with tempfile.TemporaryDirectory(prefix="build-", dir=BUILD_DIR) as work:
-        workdir = Path(work)
-        (workdir / "go.mod").write_text("module logrouter.test/lcbuild\n\ngo 1.21\n")
-        steps = [
-            # Resolves the commit to its pseudo-version through the proxy and fetches
-            # the module with its dependencies (a dependency's replace directives do
-            # not apply here, which is why this is not `go install mod@version`).
-            [go, "get", f"{MODULE}@{VERSION}"],
-            [go, "build", "-trimpath", "-o", str(workdir / "log-courier"), MODULE],
-        ]
-        for argv in steps:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False, f"timed out (budget {BUILD_TIMEOUT:.0f}s) before `{' '.join(argv[1:3])}`"
-            try:
-                proc = subprocess.run(
-                    argv, cwd=workdir, env=env, stdin=subprocess.DEVNULL,
-                    capture_output=True, text=True, timeout=left,
-                )
-            except subprocess.TimeoutExpired:
-                return False, f"`go {' '.join(argv[1:3])}` timed out (budget {BUILD_TIMEOUT:.0f}s)"
-            if proc.returncode != 0:
-                tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
-                return False, f"`go {' '.join(argv[1:3])}` exited {proc.returncode}: {tail}"
-        resolved = ""
-        try:
-            out = subprocess.run(
-                [go, "list", "-m", MODULE], cwd=workdir, env=env, capture_output=True,
-                text=True, timeout=max(5.0, deadline - time.monotonic()),
-            )
-            resolved = out.stdout.strip()
-        except subprocess.TimeoutExpired:
-            pass
-        os.replace(workdir / "log-courier", BINARY)
-    if resolved:
-        (BUILD_DIR / "MODULE").write_text(resolved + "\n")
-    return True, resolved or MODULE
+    return SHIPPER.ensure_built_with_reason()
 
 
 class Shipper:
@@ -341,7 +244,4 @@ class Shipper:
 
 
 if __name__ == "__main__":  # python tests/log_courier_shipper.py: build (or say why not)
-    t0 = time.monotonic()
-    path, why = ensure_built_with_reason()
-    print(f"{why} [{time.monotonic() - t0:.2f}s]")
-    raise SystemExit(0 if path else 1)
+    raise SystemExit(SHIPPER.main())
