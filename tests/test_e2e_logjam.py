@@ -6,8 +6,8 @@
 * Round trip: router A takes PUSH agents' messages and republishes them with its
   ``logjam`` sink; router B's ``logjam`` source subscribes to A and lands them.
 
-The real logjam producers (logjam-tools' Go programs) would be the better peers; their
-module is refused by this machine's Go proxy (see the README's logjam section).
+The real logjam producer (logjam-tools' Go http-forwarder) is tested in
+``test_logjam_producer.py`` where it can be built (see the README's logjam section).
 """
 
 from __future__ import annotations
