@@ -490,6 +490,7 @@ class _FrameDecoder:
         need = HEADER_BYTES
         while end - pos >= HEADER_BYTES:
             kind, length = _HEADER.unpack_from(buf, pos)
+            self._check_type(kind)
             if length < 0:
                 raise DecodeError(f"{command_name(kind)} frame with negative length {length}")
             if length > limit:
@@ -497,7 +498,6 @@ class _FrameDecoder:
                     f"{command_name(kind)} frame of {length + HEADER_BYTES} bytes exceeds max_frame_bytes "
                     f"{self.max_frame_bytes}"
                 )
-            self._check_type(kind)
             stop = pos + HEADER_BYTES + length
             if stop > end:
                 need = HEADER_BYTES + length
