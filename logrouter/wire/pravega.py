@@ -538,6 +538,7 @@ class PravegaServerDecoder(_FrameDecoder):
         super().__init__(max_frame_bytes)
         self.max_event_bytes = max_event_bytes
         self._block: bytes | None = None  # the body of an AppendBlock awaiting its end
+        self._writers: dict[bytes, uuid.UUID] = {}  # writer ids seen lately, made once
 
     @property
     def pending_bytes(self) -> int:
@@ -578,6 +579,14 @@ class PravegaServerDecoder(_FrameDecoder):
             out.append(self._conditional_append(body))
         # PADDING between commands: skipped, as the Java AppendDecoder does.
 
+    def _writer(self, raw: bytes) -> uuid.UUID:
+        writer = self._writers.get(raw)
+        if writer is None:
+            if len(self._writers) >= 64:
+                self._writers.clear()
+            writer = self._writers[raw] = uuid.UUID(bytes=raw)
+        return writer
+
     def _block_end(self, body: bytes) -> Append:
         length = len(body)
         if length < 24:
@@ -603,7 +612,7 @@ class PravegaServerDecoder(_FrameDecoder):
                 )
             data = self._block_data(block, whole, body[24:tail])
         events = self._events(data, num_events)
-        return Append(uuid.UUID(bytes=writer), events, num_events, last_event_number, request_id, len(data))
+        return Append(self._writer(writer), events, num_events, last_event_number, request_id, len(data))
 
     @staticmethod
     def _block_data(block: bytes, whole: int, end_data: bytes) -> bytes:
@@ -680,7 +689,7 @@ class PravegaServerDecoder(_FrameDecoder):
         if stop > length:
             raise DecodeError(f"ConditionalAppend frame of {length} bytes ends inside its event ({size} bytes)")
         request_id = _LONG.unpack_from(body, stop)[0] if length - stop >= 8 else -1
-        return ConditionalAppend(uuid.UUID(bytes=writer), event_number, expected_offset, body[start:stop], request_id)
+        return ConditionalAppend(self._writer(writer), event_number, expected_offset, body[start:stop], request_id)
 
 
 # -- the client-side decoder -----------------------------------------------------------------
