@@ -8,7 +8,7 @@ the segment store is thread-safe.
 
 Served rpcs (service ``io.pravega.controller.stream.api.grpc.v1.ControllerService``):
 ``createScope``, ``checkScopeExists``, ``listScopes``, ``createStream``,
-``checkStreamExists``, ``getCurrentSegments``, ``getEpochSegments``, ``getURI``,
+``checkStreamExists``, ``listStreamsInScope``, ``getCurrentSegments``, ``getEpochSegments``, ``getURI``,
 ``isSegmentValid``, ``getSegmentsImmediatelyFollowing`` (and its deprecated misspelling
 ``getSegmentsImmediatlyFollowing``), ``getStreamConfiguration``,
 ``getControllerServerList`` and ``getDelegationToken``. Streams never seal or scale, so
@@ -145,13 +145,15 @@ def _credentials(listen: Listen, text: str) -> grpc.ServerCredentials:
     if listen.extra_chain:
         cert = cert.rstrip(b"\n") + b"\n" + _read_pem(listen.extra_chain, "extraCertChain", text)
     try:  # gRPC reports a bad or mismatched pair only when the port is bound
-        from OpenSSL import SSL, crypto
+        from cryptography import x509
+        from cryptography.hazmat.primitives import serialization
+        from OpenSSL import SSL
 
         context = SSL.Context(SSL.TLS_METHOD)
-        context.use_privatekey(crypto.load_privatekey(crypto.FILETYPE_PEM, key))
-        context.use_certificate(crypto.load_certificate(crypto.FILETYPE_PEM, cert))
+        context.use_privatekey(serialization.load_pem_private_key(key, password=None))
+        context.use_certificate(x509.load_pem_x509_certificate(cert))
         context.check_privatekey()
-    except ImportError:  # pragma: no cover - pyOpenSSL comes with twisted[tls]
+    except ImportError:  # pragma: no cover - pyOpenSSL and cryptography come with twisted[tls]
         pass
     except Exception as e:
         raise ValueError(f"bad controller listen address {text!r}: unusable key/certificate: {type(e).__name__}: {e}") from None
@@ -246,6 +248,21 @@ class _Servicer(pb_grpc.ControllerServiceServicer):
 
     def checkStreamExists(self, request: Any, context: grpc.ServicerContext) -> Any:
         return pb.ExistsResponse(exists=self.registry.stream_exists(request.scope, request.stream))
+
+    def listStreamsInScope(self, request: Any, context: grpc.ServicerContext) -> Any:
+        # Paged like listScopes: everything in one page, then an empty one.
+        response = pb.StreamsInScopeResponse
+        scope = request.scope.scope
+        after = request.continuationToken.token
+        if not self.registry.scope_exists(scope):
+            return response(status=response.SCOPE_NOT_FOUND, continuationToken=pb.ContinuationToken(token=after))
+        names = self.registry.streams(scope)
+        page = [s for s in names if s > after] if after else names
+        return response(
+            streams=[pb.StreamInfo(scope=scope, stream=name) for name in page],
+            continuationToken=pb.ContinuationToken(token=page[-1] if page else after),
+            status=response.SUCCESS,
+        )
 
     def getStreamConfiguration(self, request: Any, context: grpc.ServicerContext) -> Any:
         count = self._require_stream(request.scope, request.stream, context)

@@ -94,6 +94,11 @@ class ControllerServiceStub:
                 request_serializer=logrouter_dot_pravega_dot_controller__pb2.StreamInfo.SerializeToString,
                 response_deserializer=logrouter_dot_pravega_dot_controller__pb2.ExistsResponse.FromString,
                 _registered_method=True)
+        self.listStreamsInScope = channel.unary_unary(
+                '/io.pravega.controller.stream.api.grpc.v1.ControllerService/listStreamsInScope',
+                request_serializer=logrouter_dot_pravega_dot_controller__pb2.StreamsInScopeRequest.SerializeToString,
+                response_deserializer=logrouter_dot_pravega_dot_controller__pb2.StreamsInScopeResponse.FromString,
+                _registered_method=True)
         self.getDelegationToken = channel.unary_unary(
                 '/io.pravega.controller.stream.api.grpc.v1.ControllerService/getDelegationToken',
                 request_serializer=logrouter_dot_pravega_dot_controller__pb2.StreamInfo.SerializeToString,
@@ -182,6 +187,12 @@ class ControllerServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def listStreamsInScope(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def getDelegationToken(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -256,6 +267,11 @@ def add_ControllerServiceServicer_to_server(servicer, server):
                     servicer.checkStreamExists,
                     request_deserializer=logrouter_dot_pravega_dot_controller__pb2.StreamInfo.FromString,
                     response_serializer=logrouter_dot_pravega_dot_controller__pb2.ExistsResponse.SerializeToString,
+            ),
+            'listStreamsInScope': grpc.unary_unary_rpc_method_handler(
+                    servicer.listStreamsInScope,
+                    request_deserializer=logrouter_dot_pravega_dot_controller__pb2.StreamsInScopeRequest.FromString,
+                    response_serializer=logrouter_dot_pravega_dot_controller__pb2.StreamsInScopeResponse.SerializeToString,
             ),
             'getDelegationToken': grpc.unary_unary_rpc_method_handler(
                     servicer.getDelegationToken,
@@ -592,6 +608,33 @@ class ControllerService:
             '/io.pravega.controller.stream.api.grpc.v1.ControllerService/checkStreamExists',
             logrouter_dot_pravega_dot_controller__pb2.StreamInfo.SerializeToString,
             logrouter_dot_pravega_dot_controller__pb2.ExistsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def listStreamsInScope(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/io.pravega.controller.stream.api.grpc.v1.ControllerService/listStreamsInScope',
+            logrouter_dot_pravega_dot_controller__pb2.StreamsInScopeRequest.SerializeToString,
+            logrouter_dot_pravega_dot_controller__pb2.StreamsInScopeResponse.FromString,
             options,
             channel_credentials,
             insecure,
