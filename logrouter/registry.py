@@ -22,6 +22,7 @@ BUILTIN_MODULES = (
     "logrouter.sources.lumberjack",
     "logrouter.sources.log_courier",
     "logrouter.sources.logjam",
+    "logrouter.sources.pravega",
     "logrouter.filters.match",
     "logrouter.filters.grep",
     "logrouter.filters.fields",
