@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from twisted.application import service
-from twisted.internet import defer
+from twisted.internet import defer, error
 from twisted.logger import Logger
 
 from logrouter.config.load import Config
@@ -31,9 +31,26 @@ class RouterService(service.Service):
 
     def startService(self) -> None:
         super().startService()
+        self._quiet_repeated_stops()
         self.router = Router(self.config, self.reactor)
         self._started = self.router.start()
         self._started.addCallbacks(self._running, self._failed)
+
+    def _quiet_repeated_stops(self) -> None:
+        """A second SIGTERM or SIGINT while the first stop drains (``make`` forwards one on
+        Ctrl-C, 10-50 ms after the terminal's) makes the reactor's signal handler call
+        ``stop`` again, which raises ``ReactorNotRunning`` and logs a critical traceback.
+        The stop under way goes on; say so in one line instead."""
+        reactor = self.reactor
+        stop = reactor.stop
+
+        def stop_once() -> None:
+            try:
+                stop()
+            except error.ReactorNotRunning:
+                self.log.info("already stopping: the stop under way goes on")
+
+        reactor.stop = stop_once
 
     def _running(self, _: Any) -> None:
         self.log.info("logrouter running")
