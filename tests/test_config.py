@@ -257,3 +257,26 @@ def test_source_durability_overrides_the_spool():
     assert load_string(GOOD).sources["forward"].options["durability"] == ""
     errors = errors_of(GOOD.replace('listen = "tcp:24224:interface=127.0.0.1"', 'listen = "tcp:24224:interface=127.0.0.1"\ndurability = "maybe"'))
     assert errors == ["sources.forward.durability: must be one of '', 'fsync', 'os', 'none', got 'maybe'"]
+
+
+def test_ports_outside_the_tcp_range_and_unknown_codecs_are_config_errors():
+    text = textwrap.dedent(
+        """
+        [sources.a]
+        type = "fluent_forward"
+        listen = "tcp:99999"
+        [sources.b]
+        type = "lumberjack"
+        listen = "tcp:-1:interface=127.0.0.1"
+        [sinks.lake]
+        type = "parquet"
+        inputs = ["a", "b"]
+        path = "lake"
+        compression = "lz77"
+        """
+    )
+    assert errors_of(text) == [
+        "sources.a.listen: bad endpoint 'tcp:99999': port 99999 is outside 0..65535",
+        "sources.b.listen: bad endpoint 'tcp:-1:interface=127.0.0.1': port -1 is outside 0..65535",
+        "sinks.lake.compression: unknown Parquet codec 'lz77' (one of: zstd, snappy, gzip, brotli, lz4, none)",
+    ]

@@ -25,6 +25,10 @@ def check_server_endpoint(description: str) -> None:
         raise ValueError(f"bad endpoint {description!r}: {e.strerror or e}: {e.filename or ''}".rstrip(": ")) from None
     except Exception as e:  # Twisted's parsers raise KeyError/TypeError/SSL errors too
         raise ValueError(f"bad endpoint {description!r}: {type(e).__name__}: {e}") from None
+    address = listen_address(description)
+    if address is not None and not 0 <= address[1] <= 65535:
+        # Twisted takes any integer here and only the bind fails, without naming the key.
+        raise ValueError(f"bad endpoint {description!r}: port {address[1]} is outside 0..65535")
 
 
 def check_optional(description: str) -> None:

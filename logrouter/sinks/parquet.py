@@ -65,6 +65,20 @@ def _default_writer_id(name: str) -> str:
     return f"{host}-{name}"
 
 
+PARQUET_CODECS = ("zstd", "snappy", "gzip", "brotli", "lz4", "none")
+
+
+def _check_codec(value: str) -> None:
+    """Refused at config load: an unknown codec would otherwise fail every file write."""
+    import pyarrow
+
+    name = value.lower()
+    if name not in PARQUET_CODECS:
+        raise ValueError(f"unknown Parquet codec {value!r} (one of: {', '.join(PARQUET_CODECS)})")
+    if name != "none" and not pyarrow.Codec.is_available(name):
+        raise ValueError(f"Parquet codec {value!r} is not available in this pyarrow build")
+
+
 @registry.sink("parquet")
 class ParquetSink(SinkBase):
     COUNTERS = {
@@ -80,7 +94,7 @@ class ParquetSink(SinkBase):
         "roll_bytes": Option(int, 128 << 20, "seal a file once it holds about this many bytes", positive),
         "roll_secs": Option((int, float), 300, "seal a file this long after it was opened", positive),
         "row_group_rows": Option(int, 10_000, "rows per Parquet row group; bounds the memory of each open file", positive),
-        "compression": Option(str, "zstd", "Parquet codec (`zstd`, `snappy`, `gzip`, `none`, …)"),
+        "compression": Option(str, "zstd", "Parquet codec: `zstd`, `snappy`, `gzip`, `brotli`, `lz4` or `none`", _check_codec),
         "columns": Option(dict, {}, "declared column types, e.g. `{ status = \"int\", latency = \"float\" }`: every file has them, typed, even "
             "across routers and restarts", _check_columns),
         **SINK_OPTIONS,
