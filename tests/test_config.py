@@ -280,3 +280,22 @@ def test_ports_outside_the_tcp_range_and_unknown_codecs_are_config_errors():
         "sources.b.listen: bad endpoint 'tcp:-1:interface=127.0.0.1': port -1 is outside 0..65535",
         "sinks.lake.compression: unknown Parquet codec 'lz77' (one of: zstd, snappy, gzip, brotli, lz4, none)",
     ]
+
+
+def test_cross_key_problems_are_reported_with_the_per_key_ones():
+    text = textwrap.dedent(
+        """
+        [sources.f]
+        type = "fluent_forward"
+        listen = "tcp:0"
+        [sinks.o]
+        type = "fluent_forward"
+        inputs = ["f"]
+        servers = [{host = "a", port = 99999}]
+        password = "x"
+        """
+    )
+    assert errors_of(text) == [
+        "sinks.o.servers[0].port: must be an integer from 1 to 65535, got integer 99999",
+        "sinks.o.username: user authentication is part of the handshake; set shared_key too",
+    ]

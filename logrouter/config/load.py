@@ -155,6 +155,54 @@ def _check_table(path: str, table: Any, options: dict[str, Option], errors: list
     return result
 
 
+def _cross_key_errors(
+    path: str,
+    specs: dict[str, Option],
+    options: dict[str, Any],
+    raw: dict[str, Any],
+    own_errors: list[str],
+    check_options: Any,
+) -> list[str]:
+    """A component's cross-key problems, found in the same pass as the per-key ones.
+
+    Keys whose value was refused are checked with the value as written (a default could
+    make up a problem, say a TLS option "needing an ssl: listen" when the ssl: listen
+    string itself was refused); a required key that is missing stops the cross-key check,
+    there is nothing to check it with. A cross-key message about a key that already has
+    its own error is left out, and a check that cannot cope with a refused value says
+    nothing: the per-key errors say enough.
+    """
+    bad = {_key_of(path, e) for e in own_errors} - {None}
+    candidate = dict(options)
+    for key in bad:
+        spec = specs.get(key)
+        if spec is None:
+            continue
+        if key in raw:
+            candidate[key] = raw[key]
+        elif spec.required:
+            return []
+    try:
+        messages = check_options(candidate)
+    except Exception:  # noqa: BLE001 - a check fed a default it did not expect: the per-key errors say enough
+        return []
+    said = {e.partition(": ")[2] for e in own_errors}  # a refused value's problem, seen again from another key
+    return [
+        _cross_key(path, specs, message)
+        for message in messages
+        if message.partition(": ")[0] not in bad and message.partition(": ")[2] not in said
+    ]
+
+
+def _key_of(path: str, error: str) -> str | None:
+    """The option key an error of the component at ``path`` is about (None for the whole table)."""
+    if not error.startswith(path + "."):
+        return None
+    rest = error[len(path) + 1 :]
+    end = min((i for i in (rest.find(":"), rest.find("["), rest.find(".")) if i >= 0), default=len(rest))
+    return rest[:end]
+
+
 def _cross_key(path: str, options: dict[str, Option], message: str) -> str:
     """A component's cross-key message under the path of the key it starts with, if any."""
     key, sep, rest = message.partition(": ")
@@ -212,10 +260,11 @@ def _read_components(kind: str, tables: Any, errors: list[str]) -> dict[str, Com
         inputs = _read_inputs(kind, path, table, errors)
         if kind == "sources" and "inputs" in table:
             errors.append(f"{path}.inputs: sources take no inputs")
+        before = len(errors)
         options = _check_table(path, body, cls.OPTIONS, errors)
         check_options = getattr(cls, "check_options", None)
-        if check_options is not None and not any(e.startswith(path + ".") or e.startswith(path + ":") for e in errors):
-            errors.extend(_cross_key(path, cls.OPTIONS, message) for message in check_options(options))
+        if check_options is not None:
+            errors.extend(_cross_key_errors(path, cls.OPTIONS, options, body, errors[before:], check_options))
         components[name] = Component(kind, name, type_name, options, inputs)
     return components
 
