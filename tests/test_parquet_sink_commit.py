@@ -173,3 +173,58 @@ def test_a_sink_that_raises_sends_the_batch_to_the_error_path():
     node = SinkNode("out", Broken(), errors)
     node.push(Batch("t", [(T0, {"a": 1}), (T0, {"a": 2})]), 0, 10, frozenset({"out"}))
     assert errors.counts == {"out": 2}
+
+
+def reset(fed_end: int) -> tuple:
+    from logrouter.sinks.parquet import _RESET
+
+    return ((_RESET,), 0.0, fed_end, 0)
+
+
+def test_a_commit_record_that_cannot_be_written_loses_nothing_on_the_retry(tmp_path, monkeypatch):
+    """A full disk under the sink's state file: the commit fails; the retry replays the
+    same records and every row lands. (Marks taken for the failed commit would make the
+    replay skip rows of the file that was never published: here the file of hour 0 ends
+    at position 200 while the open file of hour 1 holds the cursor at 100.)"""
+    sink = make_sink(tmp_path)
+    assert sink._recover() == 0
+
+    def at(item: tuple, now: float) -> tuple:
+        return (item[0], now, item[2], item[3])
+
+    feed = [record(0, 0, range(0, 10)), at(record(100, 1, range(10, 20)), 5.0), at(record(200, 0, range(20, 30)), 5.0)]
+    sink._run(feed[:1])
+    sink._run(feed[1:])
+    save = sink.state.save
+
+    def disk_full(state):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(sink.state, "save", disk_full)
+    with pytest.raises(OSError):
+        sink._work([tick(11.0, 300)])  # seals hour 0; the commit record cannot be written
+    assert sink.published == {}
+    monkeypatch.setattr(sink.state, "save", save)
+    # the failure's backoff ends: reset, then the router replays the spool from the cursor
+    sink._run([reset(0)] + [at(item, 20.0) for item in feed])
+    sink._run([tick(40.0, 300)])
+    assert lake_ids(tmp_path) == list(range(30))
+
+
+def test_renames_that_fail_after_the_commit_are_finished_before_the_replay(tmp_path, monkeypatch):
+    sink = make_sink(tmp_path)
+    assert sink._recover() == 0
+    publish = sink.writer.publish
+
+    def rename_fails(*args, **kwargs):
+        raise OSError(5, "Input/output error")
+
+    sink._run([record(0, 0, range(0, 10)), record(100, 0, range(10, 20))])
+    monkeypatch.setattr(sink.writer, "publish", rename_fails)
+    with pytest.raises(OSError):
+        sink._work([tick(11.0, 200)])
+    assert sink._saved_cursor == 200  # committed: the record says so
+    monkeypatch.setattr(sink.writer, "publish", publish)
+    sink._run([reset(200), record(200, 0, range(20, 25))])
+    sink._run([tick(30.0, 300)])
+    assert lake_ids(tmp_path) == list(range(25))

@@ -117,6 +117,7 @@ class ParquetSink(SinkBase):
         self.commits = 0
         self._saved_cursor = -1
         self._saved_at = float("-inf")
+        self._unpublished: list[SealedFile] = []  # committed, renames not finished (a failure hit)
         self._stopping = False
 
     def _new_writer(self) -> LakeWriter:
@@ -236,6 +237,10 @@ class ParquetSink(SinkBase):
             kind = item[0]
             if kind == _RESET:
                 self.writer.abort()
+                if self._unpublished:
+                    # committed before the failure: finish its renames (idempotent)
+                    self.writer.publish(self._unpublished, missing_ok=True)
+                    self._unpublished = []
                 processed_end = self._saved_cursor
                 continue
             if epoch != self.epoch:
@@ -261,23 +266,32 @@ class ParquetSink(SinkBase):
         return freed, self._saved_cursor, refused
 
     def _commit(self, sealed: list[SealedFile], cursor: int, now: float) -> None:
+        published = dict(self.published)
         for file in sealed:
             key = (file.tag, _bucket(file))
-            self.published[key] = max(self.published.get(key, -1), file.last_mark)
+            published[key] = max(published.get(key, -1), file.last_mark)
         # Marks below the cursor can never be replayed again: forget them.
-        self.published = {k: m for k, m in self.published.items() if m >= cursor}
+        published = {k: m for k, m in published.items() if m >= cursor}
         if self.state is not None:
+            # The commit point. If it fails (a full disk), nothing is committed and the
+            # sink's memory must say so: marks taken for files that never get published
+            # would make the replay skip their rows, and they would be lost.
             self.state.save(
                 {
                     "cursor": cursor,
-                    "published": [[tag, bucket, mark] for (tag, bucket), mark in self.published.items()],
+                    "published": [[tag, bucket, mark] for (tag, bucket), mark in published.items()],
                     "files": [f.to_dict() for f in sealed],
                     "columns": self.writer.column_types.export(),
                 }
             )
-        self.writer.publish(sealed)
+        # Committed: memory follows the record. A rename that fails now is redone before
+        # the replay after the failure (``_RESET``), as recovery would after a crash.
+        self.published = published
         self._saved_cursor = cursor
         self._saved_at = now
+        self._unpublished = list(sealed)
+        self.writer.publish(sealed)
+        self._unpublished = []
         self.commits += 1
         self.files_published += len(sealed)
         self.rows_published += sum(f.rows for f in sealed)
