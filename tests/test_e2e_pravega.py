@@ -145,3 +145,41 @@ def test_kill_9_while_writing_then_restart_keeps_exactly_once(tmp_path) -> None:
     # the kill are sent again; the router's writer table turns away any it had stored).
     assert 0 < resent < total
     assert_exactly_once(tmp_path / "lake", set(range(total)))
+
+
+def cut_connections(port: int) -> str | None:
+    """Abort every client socket connected to 127.0.0.1:``port`` (``ss -K``, the kernel's
+    sock_destroy); None if done, else why it cannot be done here."""
+    import shutil
+
+    if shutil.which("ss") is None:
+        return "ss (iproute2) is not installed"
+    result = subprocess.run(
+        ["ss", "-K", "dst", "127.0.0.1", "dport", "=", f":{port}"], capture_output=True, text=True, timeout=10
+    )
+    if result.returncode != 0:
+        return f"ss -K failed: {result.stderr.strip()}"
+    return None
+
+
+def test_a_writer_whose_connections_are_cut_resumes_without_duplicates(tmp_path) -> None:
+    total = 20_000
+    with Daemon(tmp_path, config()) as daemon:
+        daemon.start()
+        store = daemon.port("pv")
+        writer = Writer(controller_uri(daemon), count=total, inflight=200, keys=30)
+        try:
+            cuts = 0
+            for level in (2000, 8000, 14000):
+                wait_until(lambda: daemon.metrics().get("logrouter_events_in_total", 0) >= level, 60, f"{level} events")
+                why = cut_connections(store)
+                if why is not None:
+                    pytest.skip(f"cannot cut TCP connections here: {why}")
+                cuts += 1
+            writer.wait(180)
+            closed = sum(v for k, v in daemon.metrics().items() if k.startswith("logrouter_source_connections_total"))
+            daemon.stop_gracefully()
+        finally:
+            writer.kill()
+    assert closed > 1, "the writer never had to reconnect"
+    assert_exactly_once(tmp_path / "lake", set(range(total)))
