@@ -1,4 +1,7 @@
-"""Prometheus metrics and a health check over HTTP (``[router] metrics_listen``).
+"""Prometheus metrics, a health check and the reload trigger over HTTP (``[router] metrics_listen``).
+
+``POST /reload`` re-reads the config file and applies it (as SIGHUP does; ``logrouter
+reload`` sends it), answering what changed, or 409 with the errors of a refused config.
 
 Each component owns its numbers and says what they are: ``samples()`` yields
 ``(name, type, labels, value)`` for the router (and its spool), every source (the
@@ -70,6 +73,23 @@ class MetricsResource(resource.Resource):
             return b"ok\n"
         request.setResponseCode(404)
         return b"not found: try /metrics or /health\n"
+
+
+    def render_POST(self, request: server.Request) -> Any:
+        if request.path != b"/reload" or getattr(self.router, "reload_hook", None) is None:
+            request.setResponseCode(404)
+            return b"not found: POST /reload\n"
+        request.setHeader(b"content-type", b"text/plain; charset=utf-8")
+
+        def answer(result: tuple[bool, str]) -> None:
+            ok, text = result
+            if not ok:
+                request.setResponseCode(409)
+            request.write((text + "\n").encode("utf-8"))
+            request.finish()
+
+        self.router.reload_hook().addCallback(answer)
+        return server.NOT_DONE_YET
 
 
 def site(router: Any) -> server.Site:

@@ -18,13 +18,14 @@ class RouterService(service.Service):
     log = Logger(namespace="logrouter")
     name = "logrouter"
 
-    def __init__(self, config: Config, reactor: Any = None) -> None:
+    def __init__(self, config: Config, reactor: Any = None, config_path: str | None = None) -> None:
         if reactor is None:
             from twisted.internet import reactor as default_reactor
 
             reactor = default_reactor
         self.reactor = reactor
         self.config = config
+        self.config_path = config_path  # re-read on SIGHUP and POST /reload; None = no reload
         self.router: Router | None = None
         self.compaction: Any = None  # a CompactionService when [compaction] enabled = true
         self._started: defer.Deferred | None = None
@@ -33,6 +34,8 @@ class RouterService(service.Service):
         super().startService()
         self._quiet_repeated_stops()
         self.router = Router(self.config, self.reactor)
+        self.router.reload_hook = self.reload  # POST /reload on the metrics endpoint
+        self._install_sighup()
         self._started = self.router.start()
         self._started.addCallbacks(self._running, self._failed)
 
@@ -51,6 +54,48 @@ class RouterService(service.Service):
                 self.log.info("already stopping: the stop under way goes on")
 
         reactor.stop = stop_once
+
+    def _install_sighup(self) -> None:
+        """SIGHUP reloads the config file (the reactor handles SIGTERM/SIGINT only)."""
+        import signal
+        import threading
+
+        if self.config_path is None or threading.current_thread() is not threading.main_thread():
+            return
+        if not hasattr(self.reactor, "callFromThread"):
+            return
+        signal.signal(signal.SIGHUP, lambda number, frame: self.reactor.callFromThread(self.reload))
+
+    def reload(self) -> defer.Deferred:
+        """Re-read the config file and apply the difference to the running graph.
+
+        A config with errors is refused: the errors are logged and the running graph is
+        untouched. Fires with ``(ok, text)``: what changed, or why nothing did.
+        """
+        from logrouter.config.load import ConfigError, load_file
+
+        if self.config_path is None or self.router is None:
+            return defer.succeed((False, "reload is not available (no config file)"))
+        self.log.info("reloading the config from {path}", path=self.config_path)
+        try:
+            new = load_file(self.config_path)
+        except ConfigError as e:
+            for error in e.errors:
+                self.log.error("reload refused: {error}", error=error)
+            return defer.succeed((False, "refused, the running config is unchanged:\n" + "\n".join(e.errors)))
+        d = self.router.reconfigure(new)
+
+        def applied(plan: Any) -> tuple[bool, str]:
+            self.config = self.router.config  # type: ignore[union-attr]
+            summary = plan.summary()
+            self.log.info("config reloaded: {summary}", summary=summary)
+            return True, summary
+
+        def failed(failure: Any) -> tuple[bool, str]:
+            self.log.error("reload failed: {error}", error=failure.getErrorMessage())
+            return False, f"reload failed: {failure.getErrorMessage()}"
+
+        return d.addCallbacks(applied, failed)
 
     def _running(self, _: Any) -> None:
         self.log.info("logrouter running")

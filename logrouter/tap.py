@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 from twisted.python import usage
@@ -27,4 +28,4 @@ def makeService(options: Options):
         for error in e.errors:
             print(f"  {error}", file=sys.stderr)
         raise SystemExit(1)
-    return RouterService(config)
+    return RouterService(config, config_path=os.path.abspath(options["config"]))

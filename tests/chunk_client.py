@@ -43,8 +43,9 @@ class Client:
         self.sent_once: set[int] = set()
         self.progress = threading.Condition()
 
-    def run(self, port: int, max_chunks: int, deadline: float, timeout: float = 10) -> None:
-        """Until the connection breaks (the daemon was killed), or the bounds are hit."""
+    def run(self, port: int, max_chunks: int, deadline: float, timeout: float = 10, stop: threading.Event | None = None) -> None:
+        """Until the connection breaks (the daemon was killed), or the bounds are hit, or
+        ``stop`` is set (checked between chunks)."""
         try:
             sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
         except OSError:
@@ -52,7 +53,7 @@ class Client:
         unpacker = msgpack.Unpacker(raw=True)
         try:
             sent = 0
-            while sent < max_chunks and time.monotonic() < deadline:
+            while sent < max_chunks and time.monotonic() < deadline and not (stop is not None and stop.is_set()):
                 if self.unacked:
                     chunk_no = next(iter(self.unacked))  # oldest unacked first, as out_forward retries
                 else:
