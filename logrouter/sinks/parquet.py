@@ -295,6 +295,15 @@ class ParquetSink(SinkBase):
         self.commits += 1
         self.files_published += len(sealed)
         self.rows_published += sum(f.rows for f in sealed)
+        if sealed:  # not for cursor-only commits; twisted.logger is thread-safe
+            parts = sorted({"/".join(f.final_path.rsplit("/", 4)[1:4]) for f in sealed})
+            self.log.info(
+                "parquet sink {name} committed {files} file(s), {rows} rows: {partitions}",
+                name=self.name,
+                files=len(sealed),
+                rows=sum(f.rows for f in sealed),
+                partitions=", ".join(parts[:3]) + (f" (+{len(parts) - 3} more)" if len(parts) > 3 else ""),
+            )
 
 
 def _bucket(file: SealedFile) -> int:
