@@ -1,5 +1,6 @@
-"""The ``logrouter`` command: ``check-config FILE``, ``run`` (twistd in the foreground) and
-``compact`` (see or run lake compaction by hand)."""
+"""The ``logrouter`` command: ``check-config FILE``, ``run`` (twistd in the foreground),
+``compact`` (see or run lake compaction by hand) and ``plugin-cache`` (refresh Twisted's
+plugin cache as the owner of an install)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,39 @@ from logrouter.config.load import ConfigError, load_file
 from logrouter.tap import DEFAULT_CONFIG
 
 
+def _take_any_systemd_socket() -> None:
+    """Outside socket activation, check ``systemd:`` endpoints for their form only.
+
+    Twisted resolves ``systemd:domain=…:index=N`` (or ``name=…``) against the sockets
+    passed in ``LISTEN_FDS`` while parsing the endpoint, so without them every such
+    endpoint is "bad". ``check-config`` runs outside the service manager (systemd does
+    not pass the sockets to ``ExecStartPre=`` either), so it takes every index and name
+    as passed; the daemon itself still refuses one that is missing.
+    """
+    from collections import defaultdict
+
+    from twisted.internet import endpoints
+
+    parser = endpoints._SystemdParser
+    if parser._sddaemon.inheritedDescriptors():
+        return  # really socket-activated: check against what was passed
+
+    class AnyIndex:
+        def __getitem__(self, index: int) -> int:
+            return -1  # adopted only by listen(), which check-config never calls
+
+    class AnySocket:
+        def inheritedDescriptors(self) -> AnyIndex:
+            return AnyIndex()
+
+        def inheritedNamedDescriptors(self) -> dict[str, int]:
+            return defaultdict(lambda: -1)
+
+    parser._sddaemon = AnySocket()
+
+
 def check_config(path: str) -> int:
+    _take_any_systemd_socket()
     try:
         config = load_file(path)
     except ConfigError as e:
@@ -21,6 +54,42 @@ def check_config(path: str) -> int:
         return 1
     counts = ", ".join(f"{len(getattr(config, k))} {k}" for k in ("sources", "filters", "sinks"))
     print(f"{path}: ok ({counts})")
+    return 0
+
+
+def plugin_cache() -> int:
+    """Bring every ``twisted/plugins/dropin.cache`` up to date; 1 if one cannot be written.
+
+    twistd (and Twisted's endpoint parser for ``systemd:``/``tcp6:``) rewrites a stale
+    cache next to the plugin files on every start. In a system install that directory
+    belongs to root and the service user cannot write it, so each start would log
+    "Unable to write to plugin cache". Run this as the owner of the install after
+    installing or upgrading (the systemd unit runs it as root before each start).
+    """
+    from twisted.logger import formatEvent, globalLogPublisher
+    from twisted.plugin import IPlugin, getPlugins
+    from twisted.python.modules import getModule
+
+    problems: list[str] = []
+
+    def observe(event: dict) -> None:
+        text = formatEvent(event)
+        if "log_failure" in event:
+            text += "\n" + event["log_failure"].getTraceback()
+        if "plugin cache" in text or "log_failure" in event:
+            problems.append(text)
+
+    globalLogPublisher.addObserver(observe)
+    try:
+        list(getPlugins(IPlugin))  # rewrites each stale cache, loading its plugins
+    finally:
+        globalLogPublisher.removeObserver(observe)
+    directories = sorted({m.filePath.parent().path for m in getModule("twisted.plugins").iterModules()})
+    for problem in problems:
+        print(f"logrouter plugin-cache: {problem}", file=sys.stderr)
+    if problems:
+        return 1
+    print(f"plugin caches up to date: {', '.join(directories)}")
     return 0
 
 
@@ -38,6 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("file")
     runner = commands.add_parser("run", help="run the router in the foreground (twistd -n logrouter)")
     runner.add_argument("--config", "-c", default=DEFAULT_CONFIG)
+    commands.add_parser("plugin-cache", help="refresh Twisted's plugin cache (run as the owner of the install)")
     compactor = commands.add_parser("compact", help="show (--dry-run) or run compaction of sealed lake partitions")
     from logrouter.compaction import tool
 
@@ -45,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "check-config":
         return check_config(args.file)
+    if args.command == "plugin-cache":
+        return plugin_cache()
     if args.command == "compact":
         return tool.compact(args)
     return run(args.config)
