@@ -4,7 +4,10 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-INSTALLED := $(VENV)/.installed
+# One marker per install kind: what running needs (the runtime deps and the spark extra,
+# since the shipped config compacts with PySpark) and what the tests need on top.
+INSTALLED_RUN := $(VENV)/.installed-run
+INSTALLED_TEST := $(VENV)/.installed-test
 NODE_DEPS := tests/interop/node_modules/.installed
 CONFIG ?= etc/logrouter.toml
 
@@ -16,7 +19,12 @@ $(PY):
 
 # compat editable mode puts the checkout itself on sys.path, which is what lets
 # twistd find twisted/plugins/logrouter_plugin.py straight from the tree.
-$(INSTALLED): setup.cfg pyproject.toml | $(PY)
+$(INSTALLED_RUN): setup.cfg pyproject.toml | $(PY)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[spark]' --config-settings editable_mode=compat
+	@touch $@
+
+$(INSTALLED_TEST): setup.cfg pyproject.toml | $(PY)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]' --config-settings editable_mode=compat
 	@touch $@
@@ -27,18 +35,18 @@ $(NODE_DEPS): tests/interop/package.json
 		cd tests/interop && npm install --no-audit --no-fund --loglevel=error && touch node_modules/.installed; \
 	else echo "NOTE: npm not found; the npm interop tests will be skipped (apt-get install nodejs npm)"; fi
 
-run: $(INSTALLED)
+run: $(INSTALLED_RUN)
 	@mkdir -p var
 	$(VENV)/bin/twistd --nodaemon --pidfile= logrouter --config $(CONFIG)
 
-test: $(INSTALLED) $(NODE_DEPS)
+test: $(INSTALLED_TEST) $(NODE_DEPS)
 	@command -v java >/dev/null 2>&1 || echo "NOTE: java not found; Spark tests will be skipped. Install Java 17: apt-get install openjdk-17-jre-headless"
 	$(PY) -m pytest -q
 
-check-config: $(INSTALLED)
+check-config: $(INSTALLED_RUN)
 	$(VENV)/bin/logrouter check-config $(CONFIG)
 
-bench: $(INSTALLED)
+bench: $(INSTALLED_RUN)
 	$(PY) bench/forward_load.py
 
 clean:
