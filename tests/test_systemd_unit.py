@@ -136,3 +136,17 @@ def test_check_config_still_refuses_a_malformed_systemd_endpoint(tmp_path):
     result = run_check_config(tmp_path / "bad.toml")
     assert result.returncode == 1
     assert "sources.f.listen: bad endpoint 'systemd:domain=INET'" in result.stderr
+
+
+def test_the_readme_installs_what_the_units_expect():
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("\n## Installing as a service\n", 1)[1].split("\n## ", 1)[0]
+    installed = re.findall(r"install -m 0644 (systemd/\S+) (\S+)", section)
+    assert {source for source, _ in installed} == {"systemd/logrouter.toml", "systemd/logrouter.service", "systemd/logrouter.socket"}
+    assert all((REPO / source).exists() for source, _ in installed)
+    unit = settings(SYSTEMD / "logrouter.service")
+    assert ("systemd/logrouter.toml", unit["ExecStart"][0].split("--config ")[1]) in installed
+    assert f"python3 -m venv {PREFIX.removesuffix('/bin/')}" in section
+    assert f"useradd --system --home-dir /var/lib/{unit['StateDirectory'][0]}" in section
+    assert f"--shell /usr/sbin/nologin {unit['User'][0]}" in section
+    assert 'listen = "systemd:domain=INET:index=0"' in section
