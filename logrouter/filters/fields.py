@@ -1,8 +1,7 @@
-"""Field paths and the filters that change record fields: ``set``, ``remove``, ``rename``.
+"""The filters that change record fields: ``set``, ``remove``, ``rename``.
 
-A field is named either by a plain top-level key (``"level"``, dots included) or by a
-record-accessor path in the Fluentd style: ``$.a.b``, ``$['a']['b']``, ``$.a[0]``. The path
-parser and the reader (``field_getter``) live here so other filters (``grep``) share them.
+A field is named by the project's one path syntax (``logrouter.paths``): a plain
+top-level key (``"level"``, dots included) or ``$.a.b``, ``$['a']['b']``, ``$.a[0]``.
 
 The filters never mutate their input: a record they change is shallow-copied, and a nested
 table on a changed path is copied too (copy on write), because a batch may fan out to
@@ -12,121 +11,24 @@ several branches. A record they leave unchanged is passed on as the same object.
 from __future__ import annotations
 
 import re
-from typing import Any, Callable
+from typing import Any
 
-from logrouter import registry
+from logrouter import paths, registry
 from logrouter.batch import Batch, Event
 from logrouter.config.options import Option
 from logrouter.errors import ErrorPath
-
-Path = tuple[str | int, ...]
-
-# One path segment after the leading "$": .name, ['name'], ["name"] or [index].
-_SEGMENT = re.compile(r"""\.([^.\[\]'"]+)|\['([^']*)'\]|\["([^"]*)"\]|\[(-?\d+)\]""")
 
 # Per-tag caches are cleared when they reach this size: sources send few distinct tags, so
 # this only matters against a flood of unique tags, where it keeps memory bounded.
 TAG_CACHE_SIZE = 1024
 
-
-def parse_field_path(text: str) -> Path:
-    """``"level"`` -> ``("level",)``; ``"$.a['b.c'][0]"`` -> ``("a", "b.c", 0)``.
-
-    Raises ``ValueError`` for a malformed ``$`` path or an empty name.
-    """
-    if not text:
-        raise ValueError("field name must not be empty")
-    if not text.startswith("$"):
-        return (text,)
-    path: list[str | int] = []
-    pos = 1
-    while pos < len(text):
-        m = _SEGMENT.match(text, pos)
-        if m is None:
-            raise ValueError(f"cannot parse field path {text!r} at offset {pos}")
-        name, single, double, index = m.groups()
-        if index is not None:
-            if not path:
-                raise ValueError(f"field path {text!r} must start with a key, not an index")
-            path.append(int(index))
-        else:
-            path.append(name if name is not None else single if single is not None else double)
-        pos = m.end()
-    if not path:
-        raise ValueError(f"field path {text!r} names no field")
-    return tuple(path)
-
-
-def field_getter(path: Path) -> Callable[[dict[str, Any]], Any]:
-    """A reader for ``path`` that returns ``None`` when the field is absent.
-
-    A non-dict record raises (the caller's error path); a nested value of the wrong shape
-    (``$.a.b`` where ``a`` is a string) reads as absent, since records of mixed shapes are
-    normal in logs and not an error of the record.
-    """
-    first = path[0]
-    if len(path) == 1:
-        return lambda record: record.get(first)
-    rest = path[1:]
-
-    def get(record: dict[str, Any]) -> Any:
-        node = record.get(first)
-        for key in rest:
-            if type(key) is int:
-                if not isinstance(node, list) or not -len(node) <= key < len(node):
-                    return None
-                node = node[key]
-            else:
-                if not isinstance(node, dict):
-                    return None
-                node = node.get(key)
-        return node
-
-    return get
-
-
-def _key_path(text: str) -> Path:
-    """A path for writing: keys only, since array elements cannot be set or removed here."""
-    path = parse_field_path(text)
-    if any(type(key) is int for key in path):
-        raise ValueError(f"field path {text!r}: array indexes are not supported here")
-    return path
-
-
-def _set_in(record: dict[str, Any], path: Path, value: Any) -> None:
-    """Set a nested field in ``record`` (already a copy), copying each table on the way."""
-    node = record
-    for key in path[:-1]:
-        child = node.get(key)
-        if child is None:
-            child = {}
-        elif isinstance(child, dict):
-            child = dict(child)
-        else:
-            # Replacing a scalar with a table would lose data silently.
-            raise TypeError(f"field {key!r} holds a {type(child).__name__}, not a table")
-        node[key] = child
-        node = child
-    node[path[-1]] = value
-
-
-def _without(record: dict[str, Any], path: Path) -> dict[str, Any]:
-    """``record`` without the nested field at ``path``; the same object when it is absent."""
-    nodes = [record]
-    for key in path[:-1]:
-        node = nodes[-1].get(key)
-        if not isinstance(node, dict):
-            return record
-        nodes.append(node)
-    if path[-1] not in nodes[-1]:
-        return record
-    new = dict(nodes[-1])
-    del new[path[-1]]
-    for parent, key in zip(reversed(nodes[:-1]), reversed(path[:-1])):
-        copy = dict(parent)
-        copy[key] = new
-        new = copy
-    return new
+# The project's one path syntax lives in ``logrouter.paths``; these names stay for callers.
+Path = paths.Path
+parse_field_path = paths.parse
+field_getter = paths.getter
+_key_path = paths.key_path
+_set_in = paths.set_in
+_without = paths.without
 
 
 # --- placeholders in `set` values ----------------------------------------------------------

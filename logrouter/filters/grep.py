@@ -3,7 +3,8 @@
 Semantics follow Fluentd's grep filter: ``include`` keeps records whose field matches
 (``re.search``), ``exclude`` drops records whose field matches; with both, a record must
 match ``include`` and not ``exclude``. A record without the field (or with a null value)
-never passes ``include`` and always passes ``exclude``.
+never passes ``include`` and always passes ``exclude``. Instead of a field and regexes,
+``condition`` (``logrouter.conditions``) keeps the records it is true for.
 """
 
 from __future__ import annotations
@@ -11,10 +12,12 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from logrouter import registry
+from logrouter import conditions, registry
 from logrouter.batch import Batch, Event
 from logrouter.config.options import Option
 from logrouter.errors import ErrorPath
+from logrouter.filters.common import narrowed
+from logrouter.filters.drop import evaluate
 from logrouter.filters.fields import field_getter, parse_field_path
 
 
@@ -44,14 +47,22 @@ class GrepFilter:
     """Keeps records whose field matches ``include`` and does not match ``exclude``."""
 
     OPTIONS = {
-        "field": Option(str, doc="a top-level key, or a path `$.a.b` / `$['a']['b']` / `$.tags[-1]`", check=_check_field),
+        "field": Option(str, default=None, doc="a top-level key, or a path `$.a.b` / `$['a']['b']` / `$.tags[-1]`; with `include` / `exclude`", check=_check_field),
         "include": Option(str, default=None, doc="regex: a record passes only if its field matches (`re.search`; a missing or null field does not)", check=_check_regex),
         "exclude": Option(str, default=None, doc="regex: a record whose field matches is dropped (a missing or null field does not match)", check=_check_regex),
+        "condition": Option(str, default=None, doc="instead of `field`/`include`/`exclude`: records it is true for pass (see Conditions)", check=conditions.check),
     }
 
     @classmethod
     def check_options(cls, options: dict[str, Any]) -> list[str]:
-        if options.get("include") is None and options.get("exclude") is None:
+        regex = options.get("include") is not None or options.get("exclude") is not None
+        if options.get("condition") is not None:
+            if regex or options.get("field") is not None:
+                return ["condition: set either condition or field with include/exclude, not both"]
+            return []
+        if options.get("field") is None:
+            return ["field: required key is missing (or set condition)"]
+        if not regex:
             return ["include or exclude must be set"]
         return []
 
@@ -61,6 +72,9 @@ class GrepFilter:
         problems = self.check_options(options)
         if problems:
             raise ValueError("; ".join(problems))
+        self._condition = conditions.Condition(options["condition"]) if options.get("condition") is not None else None
+        if self._condition is not None:
+            return
         self.field = options["field"]
         path = parse_field_path(self.field)
         self._get = field_getter(path)
@@ -71,6 +85,8 @@ class GrepFilter:
         self._exclude = re.compile(exclude).search if exclude is not None else None
 
     def process(self, batch: Batch) -> Batch | None:
+        if self._condition is not None:
+            return narrowed(batch, evaluate(self._condition, self.name, batch, self.errors, keep_when=True))
         get, key, include, exclude = self._get, self._key, self._include, self._exclude
         # What a record without the field does is the same for the whole batch.
         keep_missing = include is None

@@ -1,0 +1,129 @@
+"""The ``sample`` filter: keeps 1 in ``rate`` events, deterministically.
+
+Without ``key`` the kept events are every ``rate``-th of the batch, from an offset drawn
+from the batch's own content (first event, times, length), so the whole batch costs one
+slice. With ``key`` a stable hash (CRC-32) of the key's values decides: all events of a
+key are kept or dropped together, across batches, restarts and routers. Both choices
+depend only on the data, so a sink replaying the spool after a failure sees exactly the
+events it saw the first time. With ``condition`` only the events it is true for are
+sampled; the others pass (sample the debug logs, keep everything else).
+"""
+
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+from logrouter import conditions, paths, registry
+from logrouter.batch import Batch, Event
+from logrouter.config.options import Option, positive
+from logrouter.errors import ErrorPath
+from logrouter.filters.common import key_function, narrowed, on_tables
+
+KEY_CACHE_SIZE = 65536
+
+
+def _check_keys(value: list[Any]) -> None:
+    if value:
+        paths.check_list(value)
+
+
+def _check_rate_field(value: str) -> None:
+    if value:
+        paths.key_path(value)
+
+
+def _check_condition(value: Any) -> None:
+    conditions.check(value)
+
+
+def stable_hash(key: Any) -> int:
+    """A hash that is the same in every process (Python's ``hash`` of a str is not)."""
+    text = key if key.__class__ is str else repr(key)
+    return zlib.crc32(text.encode("utf-8", "surrogatepass"))
+
+
+@registry.filter("sample")
+class SampleFilter:
+    """Keeps 1 in ``rate`` events (per key, when ``key`` is set)."""
+
+    OPTIONS = {
+        "rate": Option(int, doc="keep 1 in this many events", check=positive),
+        "key": Option(list, [], "fields whose values decide together (`[\"trace_id\"]`): a key's events are all kept or all dropped", _check_keys),
+        "condition": Option(str, None, "only events it is true for are sampled, the others pass (see Conditions)", _check_condition),
+        "rate_field": Option(str, "", "field set to `rate` on the sampled events kept, to weigh them later (`\"\"` = none)", _check_rate_field),
+    }
+
+    def __init__(self, name: str, options: dict[str, Any], errors: ErrorPath) -> None:
+        self.name = name
+        self.errors = errors
+        self.rate = options["rate"]
+        positive(self.rate)
+        self._key = key_function(options["key"]) if options["key"] else None
+        self._condition = conditions.Condition(options["condition"]) if options.get("condition") is not None else None
+        self._rate_path = paths.key_path(options["rate_field"]) if options["rate_field"] else None
+        self._decisions: dict[Any, bool] = {}
+        self.dropped = 0
+
+    def _offset(self, events: list[Event]) -> int:
+        first = events[0]
+        seed = f"{first[0]}:{events[-1][0]}:{len(events)}:{first[1]!r}"
+        return stable_hash(seed) % self.rate
+
+    def _sampled(self, events: list[Event]) -> list[Event]:
+        """The events kept of those subject to sampling."""
+        rate = self.rate
+        if rate == 1 or not events:
+            return events
+        get = self._key
+        if get is None:
+            return events[(rate - self._offset(events)) % rate :: rate]
+        decisions = self._decisions
+        kept = []
+        for event in events:
+            key = get(event[1])
+            keep = decisions.get(key)
+            if keep is None:
+                keep = stable_hash(key) % rate == 0
+                if len(decisions) >= KEY_CACHE_SIZE:
+                    decisions.clear()
+                decisions[key] = keep
+            if keep:
+                kept.append(event)
+        return kept
+
+    def process(self, batch: Batch) -> Batch | None:
+        kept = on_tables(self.name, batch, self.errors, self._run)
+        self.dropped += len(batch.events) - len(kept)
+        return narrowed(batch, kept)
+
+    def _run(self, events: list[Event]) -> list[Event]:
+        condition = self._condition
+        if condition is None:
+            return self._mark(self._sampled(events))
+        test = condition.test
+        mask = [test(event[1]) for event in events]
+        subject = [event for event, sampled in zip(events, mask) if sampled]
+        if len(subject) == len(events):
+            return self._mark(self._sampled(events))
+        if not subject:
+            return events
+        kept = self._sampled(subject)
+        if len(kept) == len(subject) and self._rate_path is None:
+            return events
+        chosen = {id(event) for event in kept}
+        mark = self._rate_path is not None
+        out = []
+        for event, sampled in zip(events, mask):
+            if not sampled:
+                out.append(event)
+            elif id(event) in chosen:
+                out.append(self._mark([event])[0] if mark else event)
+        return out
+
+    def _mark(self, events: list[Event]) -> list[Event]:
+        path = self._rate_path
+        if path is None:
+            return events
+        rate = self.rate
+        return [(t, paths.with_value(record, path, rate)) for t, record in events]
