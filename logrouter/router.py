@@ -23,8 +23,8 @@ from twisted.logger import Logger
 
 from logrouter import dedupe
 from logrouter.batch import Batch
-from logrouter.config.load import Config
-from logrouter.errors import LoggedErrors
+from logrouter.config.load import ERRORS_OUTPUT, Config
+from logrouter.errors import LoggedErrors, RoutedErrors
 from logrouter.sinks.state import SinkState
 from logrouter.sources.base import Source, SourceContext, build_source
 from logrouter.spool.log import SpoolLog
@@ -44,28 +44,45 @@ class UnstorableBatch(ValueError):
 
 
 class FilterNode:
-    """A filter, the nodes that take its output and the sinks reachable through it."""
+    """A filter, the nodes that take its outputs and the sinks reachable through it.
+
+    ``children`` maps an output to the nodes that take it: ``None`` is the filter's main
+    output; a filter with named outputs (``route``) returns ``{output: batch}`` from
+    ``process`` and each batch goes to the nodes of its output.
+    """
 
     def __init__(self, name: str, component: Any, errors: LoggedErrors) -> None:
         self.name = name
         self.component = component
         self.errors = errors
-        self.children: list[Any] = []
+        self.children: dict[str | None, list[Any]] = {}
         self.reach: frozenset[str] = frozenset()
 
     def push(self, batch: Batch, position: int, size: int, targets: frozenset[str]) -> None:
         if self.reach.isdisjoint(targets):
             return
+        errors = self.errors
+        errors.position = position  # what the filter reports comes from this spool record
         try:
             out = self.component.process(batch)
         except Exception as e:
             # A filter bug must not take the router down; its whole batch goes to the error path.
             for _, record in batch.events:
-                self.errors(self.name, batch.tag, record, f"filter raised {type(e).__name__}: {e}")
+                errors(self.name, batch.tag, record, f"filter raised {type(e).__name__}: {e}")
             return
-        if out is None or not out.events:
+        finally:
+            errors.position = None
+        if out is None:
             return
-        for child in self.children:
+        if out.__class__ is dict:
+            for output, part in out.items():
+                if part is not None and part.events:
+                    for child in self.children.get(output, ()):
+                        child.push(part, position, size, targets)
+            return
+        if not out.events:
+            return
+        for child in self.children.get(None, ()):
             child.push(out, position, size, targets)
 
 
@@ -78,13 +95,17 @@ class SinkNode:
 
     def push(self, batch: Batch, position: int, size: int, targets: frozenset[str]) -> None:
         if self.name in targets:
+            errors = self.errors
+            errors.position = position
             try:
                 self.component.write(batch, position, size)
             except Exception as e:
                 # A batch the sink cannot take (a bug, a value it cannot encode) would fail
                 # the same way on every retry: it goes to the error path, the sink goes on.
                 for _, record in batch.events:
-                    self.errors(self.name, batch.tag, record, f"sink raised {type(e).__name__}: {e}")
+                    errors(self.name, batch.tag, record, f"sink raised {type(e).__name__}: {e}")
+            finally:
+                errors.position = None
 
 
 class SinkFeed:
@@ -107,7 +128,7 @@ class Router:
     def __init__(self, config: Config, reactor: Any) -> None:
         self.config = config
         self.reactor = reactor
-        self.errors = LoggedErrors()
+        self.errors = RoutedErrors(self, reactor)
         spool = config.spool
         self.spool = SpoolLog(reactor, spool["path"], spool["durability"], spool["segment_bytes"])
         self.max_spool_bytes = spool["max_bytes"]
@@ -151,21 +172,27 @@ class Router:
         self._reloading = False
 
     def _build_routes(self) -> dict[str, list[Any]]:
+        """Per batch source (a source's name, or ``<component>.errors`` for dead letters),
+        the nodes its batches are pushed to."""
+        config = self.config
         nodes: dict[str, Any] = {name: FilterNode(name, f, self.errors) for name, f in self.filters.items()}
         nodes.update({name: SinkNode(name, s, self.errors) for name, s in self.sinks.items()})
-        for component in (*self.config.filters.values(), *self.config.sinks.values()):
-            for upstream in component.inputs:
-                if upstream in self.filters:
-                    nodes[upstream].children.append(nodes[component.name])
+        for component in (*config.filters.values(), *config.sinks.values()):
+            for reference in component.inputs:
+                upstream, output = config.split_input(reference)
+                if upstream in self.filters and output != ERRORS_OUTPUT:
+                    nodes[upstream].children.setdefault(output, []).append(nodes[component.name])
 
         def reach(node: Any) -> frozenset[str]:
             if isinstance(node, FilterNode) and not node.reach:
-                node.reach = frozenset().union(*(reach(c) for c in node.children))
+                node.reach = frozenset().union(*(reach(c) for group in node.children.values() for c in group))
             return node.reach
 
         for node in nodes.values():
             reach(node)
-        return {source: [nodes[c.name] for c in self.config.downstream(source)] for source in self.sources}
+        entries = [*self.sources, *config.error_outputs()]
+        self.errors.routed = {config.split_input(o)[0] for o in config.error_outputs()}
+        return {entry: [nodes[c.name] for c in config.downstream(entry)] for entry in entries}
 
     # -- taking batches in --------------------------------------------------------------
 

@@ -110,7 +110,7 @@ def test_unknown_input_and_sink_as_input():
         + '\n[sinks.other]\ntype = "parquet"\ninputs = ["lake", "nope"]\npath = "y"\n'
     )
     assert errors == [
-        "sinks.other.inputs[0]: 'lake' is a sink; inputs may name sources or filters",
+        "sinks.other.inputs[0]: 'lake' is a sink; inputs may name sources or filters (or lake.errors)",
         "sinks.other.inputs[1]: unknown input 'nope' (sources and filters: app, forward)",
     ]
 

@@ -86,8 +86,47 @@ class Config:
     compaction: dict[str, Any] = field(default_factory=lambda: {k: o.default for k, o in COMPACTION_OPTIONS.items()})
 
     def downstream(self, name: str) -> list[Component]:
-        """Filters and sinks that name ``name`` among their inputs, in config order."""
+        """Filters and sinks that name ``name`` among their inputs, in config order.
+
+        ``name`` is a component (``forward``) or one of its outputs (``parse.errors``,
+        ``by_level.slow``), exactly as written in ``inputs``."""
         return [c for c in (*self.filters.values(), *self.sinks.values()) if name in c.inputs]
+
+    def split_input(self, reference: str) -> tuple[str, str | None]:
+        """``(component, output)`` of an ``inputs`` entry: ``("forward", None)`` for a
+        component's main output, ``("parse", "errors")`` for ``parse.errors``."""
+        return split_input(reference, (*self.sources, *self.filters, *self.sinks))
+
+    def error_outputs(self) -> list[str]:
+        """The ``<component>.errors`` outputs some component takes as input."""
+        used = []
+        for component in (*self.filters.values(), *self.sinks.values()):
+            for reference in component.inputs:
+                name, output = self.split_input(reference)
+                if output == ERRORS_OUTPUT and reference not in used:
+                    used.append(reference)
+        return used
+
+
+#: Every component's dead-letter output: ``<name>.errors`` carries what it could not handle.
+ERRORS_OUTPUT = "errors"
+
+
+def split_input(reference: str, names: Any) -> tuple[str, str | None]:
+    """``(component, output)`` of ``reference`` given the component ``names``: a name as
+    it is wins (a quoted TOML name may hold dots), else the part before the last dot."""
+    if reference in names:
+        return reference, None
+    component, dot, output = reference.rpartition(".")
+    if dot and component in names:
+        return component, output
+    return reference, None
+
+
+def outputs_of(component: Component) -> list[str]:
+    """The named outputs a component declares (a ``route`` filter's), besides ``errors``."""
+    declared = getattr(component.cls, "outputs", None)
+    return list(declared(component.options)) if declared is not None else []
 
 
 def load_file(path: str) -> Config:
@@ -293,31 +332,48 @@ def _check_graph(components: dict[str, dict[str, Component]], errors: list[str])
                 errors.append(f"{kind}.{name}: name already used by {seen[name]}.{name}; component names must be unique")
             else:
                 seen[name] = kind
+    every = {**sinks, **filters, **sources}  # a name used twice is reported above; take the first kind
     for component in (*filters.values(), *sinks.values()):
-        for i, name in enumerate(component.inputs):
+        for i, reference in enumerate(component.inputs):
             where = f"{component.path}.inputs[{i}]"
-            if name in sources or name in filters:
-                continue
-            if name in sinks:
-                errors.append(f"{where}: {name!r} is a sink; inputs may name sources or filters")
-            else:
+            name, output = split_input(reference, every)
+            upstream = every.get(name)
+            if upstream is None:
                 known = ", ".join(sorted((*sources, *filters))) or "none defined"
-                errors.append(f"{where}: unknown input {name!r} (sources and filters: {known})")
-    for cycle in _find_cycles(filters):
-        errors.append(f"filters.{cycle[0]}.inputs: cycle {' -> '.join(cycle)}")
+                errors.append(f"{where}: unknown input {reference!r} (sources and filters: {known})")
+                continue
+            if output is None:
+                if upstream.kind == "sinks":
+                    errors.append(
+                        f"{where}: {name!r} is a sink; inputs may name sources or filters (or {name}.{ERRORS_OUTPUT})"
+                    )
+                elif outputs_of(upstream):
+                    named = ", ".join(f"{name}.{o}" for o in outputs_of(upstream))
+                    errors.append(f"{where}: {name!r} has named outputs: take one of {named}")
+                continue
+            allowed = [ERRORS_OUTPUT, *outputs_of(upstream)]
+            if output not in allowed:
+                errors.append(
+                    f"{where}: {name!r} has no output {output!r} (its outputs: {', '.join(f'{name}.{o}' for o in allowed)})"
+                )
+    consumers = {**sinks, **filters}
+    for cycle in _find_cycles(consumers, every):
+        errors.append(f"{consumers[cycle[0]].kind}.{cycle[0]}.inputs: cycle {' -> '.join(cycle)}")
     if not sources and (filters or sinks):
         errors.append("sources: no source defined")
 
 
-def _find_cycles(filters: dict[str, Component]) -> list[list[str]]:
-    """Each cycle among filters once, as the list of names along it (first repeated last)."""
+def _find_cycles(filters: dict[str, Component], every: Any = ()) -> list[list[str]]:
+    """Each cycle among filters once, as the list of names along it (first repeated last).
+    An output reference (``parse.errors``) is an edge from its component."""
     cycles: list[list[str]] = []
     state: dict[str, int] = {}  # 1 = on the current path, 2 = done
 
     def visit(name: str, path: list[str]) -> None:
         state[name] = 1
         path.append(name)
-        for upstream in filters[name].inputs:
+        for reference in filters[name].inputs:
+            upstream = split_input(reference, every or filters)[0]
             if upstream not in filters:
                 continue
             if state.get(upstream) == 1:
