@@ -32,6 +32,7 @@ BUILTIN_MODULES = (
     "logrouter.filters.sample",
     "logrouter.filters.throttle",
     "logrouter.filters.dedupe",
+    "logrouter.filters.route",
     "logrouter.sinks.parquet",
     "logrouter.sinks.fluent_forward",
     "logrouter.sinks.lumberjack",

@@ -123,10 +123,14 @@ def split_input(reference: str, names: Any) -> tuple[str, str | None]:
     return reference, None
 
 
-def outputs_of(component: Component) -> list[str]:
-    """The named outputs a component declares (a ``route`` filter's), besides ``errors``."""
+def outputs_of(component: Component) -> list[str] | None:
+    """The named outputs a component declares (a ``route`` filter's), besides ``errors``;
+    None when they cannot be known (the option naming them was refused)."""
     declared = getattr(component.cls, "outputs", None)
-    return list(declared(component.options)) if declared is not None else []
+    if declared is None:
+        return []
+    outputs = declared(component.options)
+    return None if outputs is None else list(outputs)
 
 
 def load_file(path: str) -> Config:
@@ -342,16 +346,19 @@ def _check_graph(components: dict[str, dict[str, Component]], errors: list[str])
                 known = ", ".join(sorted((*sources, *filters))) or "none defined"
                 errors.append(f"{where}: unknown input {reference!r} (sources and filters: {known})")
                 continue
+            declared = outputs_of(upstream)
             if output is None:
                 if upstream.kind == "sinks":
                     errors.append(
                         f"{where}: {name!r} is a sink; inputs may name sources or filters (or {name}.{ERRORS_OUTPUT})"
                     )
-                elif outputs_of(upstream):
-                    named = ", ".join(f"{name}.{o}" for o in outputs_of(upstream))
+                elif declared:
+                    named = ", ".join(f"{name}.{o}" for o in declared)
                     errors.append(f"{where}: {name!r} has named outputs: take one of {named}")
                 continue
-            allowed = [ERRORS_OUTPUT, *outputs_of(upstream)]
+            if declared is None:
+                continue  # the component's own error says what is wrong
+            allowed = [ERRORS_OUTPUT, *declared]
             if output not in allowed:
                 errors.append(
                     f"{where}: {name!r} has no output {output!r} (its outputs: {', '.join(f'{name}.{o}' for o in allowed)})"
