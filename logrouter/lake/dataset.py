@@ -22,13 +22,35 @@ def lake_partitioning() -> ds.Partitioning:
     return ds.partitioning(PARTITION_SCHEMA, flavor="hive")
 
 
+def arrow_filesystem(url: str) -> tuple[pa.fs.FileSystem | None, str]:
+    """A pyarrow filesystem and path for a lake URL: ``(None, path)`` for local paths and
+    ``file://``; for ``hdfs://nn:port/path`` hdfs-native's fsspec filesystem wrapped for
+    pyarrow (pyarrow's own ``HadoopFileSystem`` needs libhdfs and a JVM)."""
+    if url.startswith("file://"):
+        return None, url[len("file://") :] or "/"
+    if url.startswith(("hdfs://", "viewfs://")):
+        from pyarrow.fs import FSSpecHandler, PyFileSystem  # noqa: PLC0415
+
+        import hdfs_native.fsspec  # noqa: PLC0415 - optional dependency
+
+        scheme, rest = url.split("://", 1)
+        authority, _, path = rest.partition("/")
+        host, _, port = authority.partition(":")
+        cls = hdfs_native.fsspec.HdfsFileSystem if scheme == "hdfs" else hdfs_native.fsspec.ViewfsFileSystem
+        return PyFileSystem(FSSpecHandler(cls(host=host or None, port=int(port) if port else None))), "/" + path
+    return None, url
+
+
 def lake_dataset(root: str, filesystem: pa.fs.FileSystem | None = None) -> ds.Dataset:
-    """The whole lake under ``root`` as one dataset, schema unified over every file.
+    """The whole lake under ``root`` (a path, ``file://`` or ``hdfs://`` URL) as one
+    dataset, schema unified over every file.
 
     Reads every file's footer; raises ``pyarrow.ArrowTypeError``/``ArrowInvalid`` if
     two files disagree on a column's type (possible across writers or restarts unless
     the column is declared).
     """
+    if filesystem is None:
+        filesystem, root = arrow_filesystem(root)
     first = ds.dataset(root, format="parquet", partitioning=lake_partitioning(), filesystem=filesystem)
     schemas = [fragment.physical_schema for fragment in first.get_fragments()]
     if not schemas:
