@@ -51,6 +51,7 @@ def test_the_commands_use_the_documented_prefix():
     unit = settings(SYSTEMD / "logrouter.service")
     assert unit["ExecStart"] == [f"{PREFIX}twistd --nodaemon --pidfile= logrouter --config /etc/logrouter/logrouter.toml"]
     assert unit["ExecStartPre"] == [f"-+{PREFIX}logrouter plugin-cache"]
+    assert unit["ExecReload"] == ["/bin/kill -HUP $MAINPID"]  # the router reloads on SIGHUP
     assert (Path(sys.executable).parent / "twistd").exists() and LOGROUTER.exists()
 
 
