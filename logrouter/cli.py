@@ -100,6 +100,47 @@ def run(path: str) -> int:
     return 1  # not reached
 
 
+def reload(path: str, url: str | None = None) -> int:
+    """Ask the running router to reload ``path`` (``POST /reload`` on its ``metrics_listen``,
+    or at ``url``, e.g. ``http://127.0.0.1:9880`` when the config listens on port 0)."""
+    import urllib.error
+    import urllib.request
+
+    from logrouter.config.endpoints import listen_address
+
+    try:
+        config = load_file(path)
+    except ConfigError as e:
+        print(f"{path}: invalid config, not sent (the running router keeps its config):", file=sys.stderr)
+        for error in e.errors:
+            print(f"  {error}", file=sys.stderr)
+        return 1
+    if url is None:
+        listen = config.router["metrics_listen"]
+        address = listen_address(listen) if listen else None
+        if address is None or address[1] == 0:
+            print(
+                f"{path}: [router] metrics_listen is not a TCP endpoint with a fixed port; pass --url or send SIGHUP "
+                "to the router instead",
+                file=sys.stderr,
+            )
+            return 1
+        _, port, interface = address
+        host = interface or "127.0.0.1"
+        url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    request = urllib.request.Request(url.rstrip("/") + "/reload", data=b"", method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=120) as response:
+            print(response.read().decode("utf-8", "replace").rstrip())
+            return 0
+    except urllib.error.HTTPError as e:
+        print(e.read().decode("utf-8", "replace").rstrip(), file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"cannot reach the router at {url}: {e}", file=sys.stderr)
+        return 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="logrouter", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -108,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     runner = commands.add_parser("run", help="run the router in the foreground (twistd -n logrouter)")
     runner.add_argument("--config", "-c", default=DEFAULT_CONFIG)
     commands.add_parser("plugin-cache", help="refresh Twisted's plugin cache (run as the owner of the install)")
+    reloader = commands.add_parser("reload", help="make the running router re-read its config (POST /reload; or send SIGHUP)")
+    reloader.add_argument("--config", "-c", default=DEFAULT_CONFIG)
+    reloader.add_argument("--url", help="the router's metrics endpoint, e.g. http://127.0.0.1:9880 (default: from the config)")
     compactor = commands.add_parser("compact", help="show (--dry-run) or run compaction of sealed lake partitions")
     from logrouter.compaction import tool
 
@@ -117,6 +161,8 @@ def main(argv: list[str] | None = None) -> int:
         return check_config(args.file)
     if args.command == "plugin-cache":
         return plugin_cache()
+    if args.command == "reload":
+        return reload(args.config, args.url)
     if args.command == "compact":
         return tool.compact(args)
     return run(args.config)

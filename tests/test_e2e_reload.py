@@ -8,6 +8,8 @@ from __future__ import annotations
 import collections
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -118,8 +120,14 @@ def test_reload_under_load_keeps_connections_and_loses_nothing(tmp_path) -> None
             before = sender.acked()
             wait_until(lambda: sender.acked() >= before + 20, 60, "acks after the first reload")
 
-            # 2. A bad config is refused and changes nothing.
+            # 2. A bad config is refused and changes nothing (here by `logrouter reload`, which
+            #    also refuses to send a config it cannot load itself).
             daemon.config.write_text(config(port, roll=-1))
+            cli = subprocess.run(
+                [sys.executable, "-m", "logrouter", "reload", "--config", str(daemon.config)],
+                capture_output=True, text=True, timeout=60, cwd=workdir,
+            )
+            assert cli.returncode == 1 and "sinks.lake.roll_secs" in cli.stderr, cli.stderr
             status, text = post_reload(daemon)
             assert status == 409 and "sinks.lake.roll_secs" in text, text
             before = sender.acked()
@@ -127,8 +135,14 @@ def test_reload_under_load_keeps_connections_and_loses_nothing(tmp_path) -> None
 
             # 3. The forward source and the lake change (both restart), the copy goes.
             daemon.config.write_text(config(port, roll=0.7, forward_extra="max_connections = 512"))
-            status, text = post_reload(daemon)
-            assert status == 200, text
+            metrics_port = daemon.wait_for(r"metrics listening on \S+ port (\d+)").group(1)
+            cli = subprocess.run(
+                [sys.executable, "-m", "logrouter", "reload", "--config", str(daemon.config),
+                 "--url", f"http://127.0.0.1:{metrics_port}"],
+                capture_output=True, text=True, timeout=120, cwd=workdir,
+            )
+            assert cli.returncode == 0, cli.stderr
+            text = cli.stdout
             assert "sources stopped: forward" in text and "sinks stopped: lake, copy" in text, text
             before = sender.acked()
             wait_until(lambda: sender.acked() >= before + 20, 60, "acks after the second reload")
