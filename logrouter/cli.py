@@ -48,13 +48,22 @@ def check_config(path: str) -> int:
     try:
         config = load_file(path)
     except ConfigError as e:
-        print(f"{path}: invalid config ({len(e.errors)} error{'s' if len(e.errors) != 1 else ''}):", file=sys.stderr)
+        print(invalid_config_header(path, e.errors), file=sys.stderr)
         for error in e.errors:
             print(f"  {error}", file=sys.stderr)
         return 1
+    from logrouter.config.load import warnings
+
+    for warning in warnings(config):
+        print(f"logrouter: {path}: warning: {warning}", file=sys.stderr)
     counts = ", ".join(f"{len(getattr(config, k))} {k}" for k in ("sources", "filters", "sinks"))
     print(f"{path}: ok ({counts})")
     return 0
+
+
+def invalid_config_header(path: str, errors: list[str]) -> str:
+    """The first line of a refused config's report, the same for ``check-config`` and twistd."""
+    return f"logrouter: {path}: invalid config ({len(errors)} error{'s' if len(errors) != 1 else ''}):"
 
 
 def plugin_cache() -> int:

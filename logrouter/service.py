@@ -32,6 +32,10 @@ class RouterService(service.Service):
 
     def startService(self) -> None:
         super().startService()
+        from logrouter.config.load import warnings
+
+        for warning in warnings(self.config):
+            self.log.warn("config: {warning}", warning=warning)
         self._quiet_repeated_stops()
         self.router = Router(self.config, self.reactor)
         self.router.reload_hook = self.reload  # POST /reload on the metrics endpoint

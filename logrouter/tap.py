@@ -24,7 +24,9 @@ def makeService(options: Options):
     try:
         config = load_file(options["config"])
     except ConfigError as e:
-        print(f"logrouter: {options['config']}: invalid config:", file=sys.stderr)
+        from logrouter.cli import invalid_config_header
+
+        print(invalid_config_header(options["config"], e.errors), file=sys.stderr)
         for error in e.errors:
             print(f"  {error}", file=sys.stderr)
         raise SystemExit(1)

@@ -299,3 +299,58 @@ def test_cross_key_problems_are_reported_with_the_per_key_ones():
         "sinks.o.servers[0].port: must be an integer from 1 to 65535, got integer 99999",
         "sinks.o.username: user authentication is part of the handshake; set shared_key too",
     ]
+
+
+def test_the_readme_shows_what_check_config_prints(tmp_path):
+    """The README's refused-config example is what `logrouter check-config` prints."""
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    start = readme.index("```\nlogrouter: bad.toml: invalid config")
+    shown = readme[start + 4 : readme.index("```", start + 4)]
+    (tmp_path / "bad.toml").write_text(
+        textwrap.dedent(
+            """
+            [sources.f]
+            type = "fluent_forward"
+            listen = "tcp:nope"
+            [sinks.lake]
+            type = "parquet"
+            inputs = ["f"]
+            path = "x"
+            roll_bytes = "big"
+            [sinks.s]
+            type = "parquet"
+            inputs = ["g"]
+            path = "y"
+            """
+        )
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "logrouter", "check-config", "bad.toml"], capture_output=True, text=True, cwd=tmp_path, timeout=60
+    )
+    assert result.returncode == 1
+    assert result.stderr == shown
+
+
+def test_warnings_for_what_nothing_takes_and_an_empty_graph(tmp_path):
+    from logrouter.config.load import warnings
+
+    config = load_string(
+        '[sources.f]\ntype = "fluent_forward"\nlisten = "tcp:0"\n[sources.g]\ntype = "lumberjack"\nlisten = "tcp:0"\n'
+        '[filters.m]\ntype = "match"\ninputs = ["f"]\ntag = "x"\n'
+        '[sinks.l]\ntype = "parquet"\ninputs = ["f", "g.errors"]\npath = "x"\n'
+    )
+    assert warnings(config) == [
+        "sources.g: nothing takes its events (no filter or sink lists it in inputs)",
+        "filters.m: nothing takes its events (no filter or sink lists it in inputs)",
+    ]
+    assert warnings(load_string("")) == [
+        "the config defines no sources and no sinks: the router would take nothing in and write nothing"
+    ]
+    (tmp_path / "w.toml").write_text('[sources.f]\ntype = "fluent_forward"\nlisten = "tcp:0"\n')
+    result = subprocess.run(
+        [sys.executable, "-m", "logrouter", "check-config", "w.toml"], capture_output=True, text=True, cwd=tmp_path, timeout=60
+    )
+    assert result.returncode == 0
+    assert "logrouter: w.toml: warning: sinks: none defined" in result.stderr

@@ -108,6 +108,22 @@ class Config:
         return used
 
 
+def warnings(config: "Config") -> list[str]:
+    """What is valid but almost certainly not meant: a source or filter whose events
+    nothing takes (they are stored in the spool, then go nowhere), an empty graph."""
+    found = []
+    if not config.sources and not config.sinks:
+        found.append("the config defines no sources and no sinks: the router would take nothing in and write nothing")
+    elif not config.sinks:
+        found.append("sinks: none defined: events are stored in the spool and go nowhere")
+    taken = {config.split_input(r) for c in (*config.filters.values(), *config.sinks.values()) for r in c.inputs}
+    for kind, components in (("sources", config.sources), ("filters", config.filters)):
+        for name in components:
+            if (name, None) not in taken and not any(n == name and o not in (None, ERRORS_OUTPUT) for n, o in taken):
+                found.append(f"{kind}.{name}: nothing takes its events (no filter or sink lists it in inputs)")
+    return found
+
+
 #: Every component's dead-letter output: ``<name>.errors`` carries what it could not handle.
 ERRORS_OUTPUT = "errors"
 
