@@ -117,6 +117,7 @@ def reload(path: str, url: str | None = None) -> int:
 
     from logrouter.config.endpoints import listen_address
 
+    _take_any_systemd_socket()  # the router holds the passed sockets, not this command
     try:
         config = load_file(path)
     except ConfigError as e:
