@@ -57,6 +57,7 @@ from logrouter.pravega.streams import StreamRegistry, parse_segment_name
 from logrouter.sources.acks import AckingConnection, AckingSource
 from logrouter.sources.events import NANOS, TagTemplate, check_tag, time_from_fields
 from logrouter.sources.stream import StreamProtocol, StreamSource
+from logrouter.wire import json_text
 from logrouter.wire import pravega as wire
 
 MAX_WRITERS_PER_CONNECTION = 4096
@@ -346,7 +347,7 @@ class PravegaSource(AckingSource, StreamSource):
         for payload in payloads:
             try:
                 if mode == "json":
-                    value = json.loads(payload)
+                    value = json_text.loads(payload)
                     if value.__class__ is dict:
                         t = time_from_fields(value, self.time_fields, now) if self.time_fields else now
                         append((t, value))

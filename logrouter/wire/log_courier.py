@@ -51,6 +51,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from logrouter.wire import json_text
 from logrouter.wire.errors import DecodeError
 from logrouter.wire.inflate import InflateError, StreamInflater, inflate
 
@@ -109,7 +110,6 @@ _U32 = struct.Struct(">I")
 _HANDSHAKE = struct.Struct(">IIII4s")  # flags, major, minor, patch, client id
 _ACKN_BODY = struct.Struct(">16sI")
 
-_scan_json = json.decoder.JSONDecoder().scan_once
 _JSON_ERRORS = (ValueError, RecursionError)
 
 
@@ -216,7 +216,7 @@ def _decode_records(content: bytes, kind: str, nonce: bytes, max_event_bytes: in
     events = payload.events
     append = events.append
     unpack = _U32.unpack_from
-    scan = _scan_json
+    loads = json_text.loads
     end = len(content)
     pos = 0
     while pos < end:
@@ -233,13 +233,7 @@ def _decode_records(content: bytes, kind: str, nonce: bytes, max_event_bytes: in
             raise DecodeError(f"{kind} payload holds more than max_payload_events {max_events} events")
         raw = content[start:pos]
         try:
-            text = raw.decode()
-            try:
-                record, at = scan(text, 0)
-            except StopIteration:  # no JSON value at offset 0 (e.g. leading whitespace)
-                at = -1
-            if at != len(text):
-                record = json.loads(text)  # the exact verdict: whitespace is fine, the rest raises
+            record = loads(raw)
         except _JSON_ERRORS as e:
             record = e
         if record.__class__ is dict:

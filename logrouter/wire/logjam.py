@@ -47,6 +47,7 @@ from typing import Any
 
 import cramjam
 
+from logrouter.wire import json_text
 from logrouter.wire.errors import DecodeError
 from logrouter.wire.inflate import ZLIB, InflateError, inflate
 
@@ -286,7 +287,7 @@ def compress_body(data: bytes, compression: int) -> bytes:
 
 def _json_object(data: bytes) -> dict[str, Any]:
     try:
-        value = json.loads(data.decode("utf-8"))
+        value = json_text.loads(data)
     except UnicodeDecodeError:
         raise LogjamDecodeError("body", "body is not UTF-8") from None
     except RecursionError:

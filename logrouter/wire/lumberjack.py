@@ -51,6 +51,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from logrouter.wire import json_text
 from logrouter.wire.errors import DecodeError
 from logrouter.wire.inflate import InflateError, inflate
 
@@ -102,10 +103,6 @@ _HEADER_U32X2 = struct.Struct(">BBII")
 
 _UNBOUNDED = sys.maxsize
 
-# The C scanner behind json.loads, called directly: it skips json.loads' type dispatch,
-# encoding detection and whitespace regexes, which cost about as much as the scan itself.
-# Anything it does not accept outright goes through json.loads for the exact verdict.
-_scan_json = json.decoder.JSONDecoder().scan_once
 _JSON_ERRORS = (ValueError, RecursionError)
 
 
@@ -408,7 +405,7 @@ class LumberjackDecoder:
         """
         group = self._open_group()
         append = group.records.append
-        scan = _scan_json
+        loads = json_text.loads
         unpack = _U32X2.unpack_from
         vbyte = self._vbyte
         limit = self._event_limit
@@ -421,13 +418,7 @@ class LumberjackDecoder:
             if stop > end or size > limit:
                 break  # the caller waits for it, or refuses it once this run is accounted
             try:
-                text = buf[pos + 10 : stop].decode()
-                try:
-                    record, at = scan(text, 0)
-                except StopIteration:  # no JSON value at offset 0 (e.g. leading whitespace)
-                    at = -1
-                if at != len(text):
-                    record = json.loads(text)  # the exact verdict: whitespace is fine, the rest raises
+                record = loads(buf[pos + 10 : stop])
             except _JSON_ERRORS as e:
                 record = e
             if record.__class__ is dict:
