@@ -37,6 +37,9 @@ BUILTIN_MODULES = (
     "logrouter.sinks.fluent_forward",
     "logrouter.sinks.lumberjack",
     "logrouter.sinks.logjam",
+    "logrouter.sinks.file",
+    "logrouter.sinks.stdout",
+    "logrouter.sinks.blackhole",
 )
 
 
