@@ -1,7 +1,7 @@
 """What the filters in this package share: batch results, keys, and the failure policy.
 
 * ``narrowed(batch, kept)``: the batch itself when nothing was dropped, ``None`` when
-  everything was, else a copy with the kept events.
+  everything was, else a copy with the kept events; ``replaced`` for rewritten events.
 * ``key_function(fields)``: a record -> hashable key reader over a list of field paths
   (missing and null read alike; tables and arrays are keyed by their JSON text).
 * ``FailurePolicy``: what a parser does with a record it cannot handle, the
@@ -21,9 +21,15 @@ from logrouter.config.options import Option, one_of
 
 
 def narrowed(batch: Batch, kept: list[Event]) -> Batch | None:
+    """For filters that select (``kept`` holds some of the batch's own events, in order)."""
     if not kept:
         return None
     return batch if len(kept) == len(batch.events) else batch.replace(events=kept)
+
+
+def replaced(batch: Batch, events: list[Event]) -> Batch | None:
+    """For filters that rewrite events: the batch with ``events``, ``None`` when empty."""
+    return batch.replace(events=events) if events else None
 
 
 def _hashable(value: Any) -> Any:
@@ -83,20 +89,20 @@ class FailurePolicy:
 
 
 def on_tables(name: str, batch: Batch, errors: Any, run: Callable[[list[Event]], list[Event]]) -> list[Event]:
-    """``run(events)`` over the batch; if it raises because some records are not tables
-    (only a broken source makes one), those go to the error path and the rest is run
-    again. Any other exception is a bug and propagates (the router then sends the batch
-    to the error path).
+    """``run(events)`` over the batch's events whose records are tables; the others (only
+    a broken source makes one) go to the error path first. The check is one pass of
+    class tests, so stateful filters never see a record they cannot read.
     """
-    try:
-        return run(batch.events)
-    except Exception:
-        good = []
-        for event in batch.events:
-            if isinstance(event[1], dict):
-                good.append(event)
-            else:
-                errors(name, batch.tag, event[1], f"not a table: {type(event[1]).__name__}")
-        if len(good) == len(batch.events):
-            raise
-        return run(good) if good else []
+    events = batch.events
+    for event in events:
+        if event[1].__class__ is not dict:
+            break
+    else:
+        return run(events)
+    good = []
+    for event in events:
+        if isinstance(event[1], dict):
+            good.append(event)
+        else:
+            errors(name, batch.tag, event[1], f"not a table: {type(event[1]).__name__}")
+    return run(good) if good else []

@@ -18,7 +18,7 @@ from logrouter import paths, registry
 from logrouter.batch import Batch, Event
 from logrouter.config.options import Option
 from logrouter.errors import ErrorPath
-from logrouter.filters.common import FailurePolicy, failure_options, narrowed
+from logrouter.filters.common import FailurePolicy, failure_options, replaced
 
 
 class ParseFailure(Exception):
@@ -96,7 +96,7 @@ class _ParseFilter:
                 continue
             append((event[0], new))
         self.parsed += len(out)
-        return narrowed(batch, out)
+        return replaced(batch, out)
 
 
 def _kind(value: Any) -> str:

@@ -29,7 +29,7 @@ from logrouter import paths, registry
 from logrouter.batch import Batch, Event
 from logrouter.config.options import Option, list_of
 from logrouter.errors import ErrorPath
-from logrouter.filters.common import FailurePolicy, failure_options, narrowed
+from logrouter.filters.common import FailurePolicy, failure_options, replaced
 
 EPOCH_SCALES = {"epoch": 10**9, "epoch_s": 10**9, "epoch_ms": 10**6, "epoch_us": 10**3, "epoch_ns": 1}
 NAMED = ("rfc3339", *EPOCH_SCALES)
@@ -248,4 +248,4 @@ class ParseTimeFilter:
                     append(failed)
                 continue
             append((ns, record))
-        return narrowed(batch, out)
+        return replaced(batch, out)

@@ -18,7 +18,7 @@ from logrouter import conditions, paths, registry
 from logrouter.batch import Batch, Event
 from logrouter.config.options import Option, positive
 from logrouter.errors import ErrorPath
-from logrouter.filters.common import key_function, narrowed, on_tables
+from logrouter.filters.common import key_function, narrowed, on_tables, replaced
 
 KEY_CACHE_SIZE = 65536
 
@@ -74,7 +74,7 @@ class SampleFilter:
         """The events kept of those subject to sampling."""
         rate = self.rate
         if rate == 1 or not events:
-            return events
+            return list(events)
         get = self._key
         if get is None:
             return events[(rate - self._offset(events)) % rate :: rate]
@@ -95,7 +95,7 @@ class SampleFilter:
     def process(self, batch: Batch) -> Batch | None:
         kept = on_tables(self.name, batch, self.errors, self._run)
         self.dropped += len(batch.events) - len(kept)
-        return narrowed(batch, kept)
+        return narrowed(batch, kept) if self._rate_path is None else replaced(batch, kept)
 
     def _run(self, events: list[Event]) -> list[Event]:
         condition = self._condition
