@@ -103,6 +103,8 @@ class RoutedErrors(LoggedErrors):
 
     def flush(self) -> None:
         """Store the dead letters gathered so far (at the end of the reactor turn)."""
+        if self._flush_call is not None and self._flush_call.active():
+            self._flush_call.cancel()
         self._flush_call = None
         pending, self._pending = self._pending, {}
         for (component, tag, position), events in pending.items():

@@ -685,11 +685,8 @@ class Router:
         if self.metrics_port is not None:
             yield self.metrics_port.stopListening()
         yield defer.DeferredList([defer.maybeDeferred(s.stop) for s in self.sources.values()], consumeErrors=True)
-        try:
-            yield self.spool.close()
-        except Exception:
-            # A disk that refuses the final fsync: what was acked was fsync'd before its ack.
-            self.log.failure("closing the spool failed")
+        # The spool stays open while the sinks catch up: dead letters their filters report
+        # on the way are stored and delivered like any batch (sources no longer add any).
         limit = float(self.config.router["shutdown_timeout_secs"])
         if limit:
             # The sinks' share of the stop is what is left of it after the sources drained.
@@ -706,6 +703,12 @@ class Router:
         for (ok, result), name in zip(results, started):
             if not ok:
                 self.log.failure("sink {name} failed to stop cleanly", result, name=name)
+        self.errors.flush()  # what the sinks reported while stopping: stored if it can be
+        try:
+            yield self.spool.close()
+        except Exception:
+            # A disk that refuses the final fsync: what was acked was fsync'd before its ack.
+            self.log.failure("closing the spool failed")
         if self._snapshot is not None:
             yield self._snapshot
         if self._snapshot_loaded:
