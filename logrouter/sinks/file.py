@@ -185,6 +185,7 @@ class FileSink(SinkBase):
         self._saved_cursor = -1
         self._saved_at = float("-inf")
         self._unpublished: list[tuple[str, str]] = []  # committed, rename not done (a failure hit)
+        self._stopped = False
 
     def samples(self) -> Iterator[tuple[str, str, dict[str, str], float]]:
         yield from super().samples()
@@ -203,6 +204,8 @@ class FileSink(SinkBase):
         return d.addCallback(started)
 
     def write(self, batch: Batch, position: int, size: int) -> None:
+        if self._stopped:
+            return  # after its final commit: the spool has it, the next start replays it
         self.events_in += len(batch.events)
         self.queued_bytes += size
         self._submit((_ROWS, batch, position, size))
@@ -211,10 +214,11 @@ class FileSink(SinkBase):
         self.fed_end = end
 
     def _tick(self) -> None:
-        if not self.worker.busy and not self.failing:
+        if not self.worker.busy and not self.failing and not self._stopped:
             self._submit((_TICK,))
 
     def stop(self) -> defer.Deferred:
+        self._stopped = True
         if self.ticker.running:
             self.ticker.stop()
         self.cancel_retry()
@@ -347,6 +351,9 @@ class FileSink(SinkBase):
         if file is not None:
             self.files_published += 1
             self.lines_published += file.lines
+            self.log.info(
+                "file sink {name} published {file} ({lines} lines)", name=self.name, file=os.path.basename(file.final), lines=file.lines
+            )
 
     def _publish(self, files: list[tuple[str, str]], missing_ok: bool = False) -> None:
         """Rename staged files into place (a file already renamed is skipped when ``missing_ok``)."""

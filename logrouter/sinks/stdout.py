@@ -82,10 +82,13 @@ class StdoutSink(CursorOnly):
         self.worker = SerialWorker(reactor, self._write, f"logrouter-stdout-{name}", on_result=self._written, on_failure=self._lost)
         self._time_text = TimeText()
         self.lines_written = 0
+        self._stopped = False
 
     COUNTERS = {"lines_written": "lines written"}
 
     def write(self, batch: Batch, position: int, size: int) -> None:
+        if self._stopped:
+            return
         self.events_in += len(batch.events)
         self.queued_bytes += size
         self.worker.submit((batch, size))
@@ -117,6 +120,7 @@ class StdoutSink(CursorOnly):
         self.on_progress()
 
     def stop(self) -> defer.Deferred:
+        self._stopped = True
         d = self.worker.stop()
         d.addCallback(lambda _: CursorOnly.stop(self))
         return d

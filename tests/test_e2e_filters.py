@@ -1,0 +1,163 @@
+"""End to end: the real daemon runs a pipeline built from the issue #16 filters, fed by the
+real fluent-logger, into a ``file`` sink (and the parse failures into a dead-letter file).
+
+JSON app logs are parsed, access-log lines parsed by regex with their time read by a
+strptime pattern, health checks dropped, debug logs sampled, a noisy tag throttled.
+"""
+
+from __future__ import annotations
+
+import json
+
+from fluent import sender
+
+from daemon import Daemon
+from helpers import wait_until
+
+CONFIG = """
+[router]
+metrics_listen = "tcp:0:interface=127.0.0.1"
+
+[spool]
+path = "spool"
+
+[sources.forward]
+type = "fluent_forward"
+listen = "tcp:0:interface=127.0.0.1"
+
+[filters.apps]
+type = "match"
+inputs = ["forward"]
+tag = "app.**"
+
+[filters.json]
+type = "parse_json"
+inputs = ["apps"]
+on_error = "error"
+
+[filters.web]
+type = "match"
+inputs = ["forward"]
+tag = "nginx.access"
+
+[filters.access]
+type = "parse_regex"
+inputs = ["web"]
+pattern = '^(?P<client>\\S+) \\S+ (?P<user>\\S+) \\[(?P<ts>[^\\]]+)\\] "(?P<method>\\S+) (?P<path>\\S+) [^"]*" (?P<status>\\d{3}) (?P<bytes>\\d+|-)'
+types = { status = "int" }
+
+[filters.access_time]
+type = "parse_time"
+inputs = ["access"]
+field = "ts"
+formats = ["%d/%b/%Y:%H:%M:%S %z"]
+remove_field = true
+
+[filters.no_health]
+type = "drop"
+inputs = ["json", "access_time"]
+condition = 'path =~ "^/health" or $.http.path == "/health"'
+
+[filters.less_debug]
+type = "sample"
+inputs = ["no_health"]
+rate = 10
+condition = 'level == "debug"'
+
+[filters.quiet]
+type = "throttle"
+inputs = ["less_debug"]
+tag = "app.noisy"
+rate = 1
+burst = 5
+
+[sinks.out]
+type = "file"
+inputs = ["quiet"]
+path = "out"
+roll_secs = 3600
+
+[sinks.dead]
+type = "file"
+inputs = ["json.errors"]
+path = "dead"
+roll_secs = 3600
+"""
+
+T0 = 1_700_000_000
+LINE = '10.0.0.{i} - - [10/Oct/2000:13:55:{s:02d} -0700] "GET {path} HTTP/1.1" {status} 512'
+
+
+def sink_events(daemon, name):
+    return sum(v for k, v in daemon.metrics().items() if k.startswith("logrouter_sink_events_in_total{") and f'sink="{name}"' in k)
+
+
+def lines(directory):
+    out = []
+    for path in sorted(directory.glob("*.jsonl")):
+        out.extend(json.loads(line) for line in path.read_text().splitlines())
+    return out
+
+
+def test_a_parsing_dropping_sampling_throttling_pipeline_into_a_file_sink(tmp_path):
+    with Daemon(tmp_path, CONFIG) as daemon:
+        daemon.start()
+        port = daemon.port("forward")
+        app = sender.FluentSender("app", host="127.0.0.1", port=port, nanosecond_precision=True)
+        sent = 0
+        for i in range(100):  # app logs as JSON text; every tenth a health check
+            path = "/health" if i % 10 == 0 else f"/api/{i}"
+            assert app.emit_with_time("web", T0 + i, {"message": json.dumps({"level": "info", "n": i, "http": {"path": path}})})
+            sent += 1
+        for i in range(200):  # debug logs: sampled 1 in 10
+            assert app.emit_with_time("worker", T0 + i + 0.5, {"message": json.dumps({"level": "debug", "d": i})})
+            sent += 1
+        for i in range(50):  # a noisy tag: throttled to a burst of 5 and 1/s
+            assert app.emit_with_time("noisy", T0, {"message": json.dumps({"level": "warn", "x": i})})
+            sent += 1
+        for i in range(3):  # not JSON: to json.errors, the dead-letter file
+            assert app.emit_with_time("web", T0, {"message": f"plain text {i}"})
+            sent += 1
+        app.close()
+        nginx = sender.FluentSender("nginx", host="127.0.0.1", port=port)
+        for i in range(20):
+            path = "/healthz" if i % 4 == 0 else f"/p/{i}"
+            assert nginx.emit("access", {"message": LINE.format(i=i, s=i, path=path, status=200 + i % 2 * 304)})
+            sent += 1
+        nginx.close()
+        wait_until(lambda: daemon.metrics().get("logrouter_events_in_total", 0) >= sent, 30, f"{sent} events in")
+        # Events count as in before the spool has them; a last one, stored after all of
+        # them, reaching the dead-letter sink says every one has been routed.
+        last = sender.FluentSender("app", host="127.0.0.1", port=port)
+        assert last.emit("web", {"message": "the last one"})
+        last.close()
+        wait_until(lambda: sink_events(daemon, "dead") >= 4, 30, "the last event at the dead-letter sink")
+        daemon.stop_gracefully()
+
+    out = lines(tmp_path / "out")
+    by_tag: dict[str, list[dict]] = {}
+    for line in out:
+        by_tag.setdefault(line["tag"], []).append(line)
+
+    web = by_tag["app.web"]
+    assert sorted(e["record"]["n"] for e in web) == [i for i in range(100) if i % 10]
+    assert all(e["record"]["level"] == "info" and "message" in e["record"] for e in web)
+
+    worker = by_tag["app.worker"]
+    assert 5 <= len(worker) <= 50, len(worker)  # about 20 of 200
+    assert len({e["record"]["d"] for e in worker}) == len(worker)
+
+    noisy = by_tag["app.noisy"]
+    assert 5 <= len(noisy) <= 15, len(noisy)  # the burst, plus 1/s while sending
+
+    access = by_tag["nginx.access"]
+    assert sorted(e["record"]["client"] for e in access) == sorted(f"10.0.0.{i}" for i in range(20) if i % 4)
+    first = next(e for e in access if e["record"]["client"] == "10.0.0.1")
+    assert first["time"] == "2000-10-10T20:55:01.000000000Z" and "ts" not in first["record"]
+    assert first["record"]["status"] == 504 and first["record"]["method"] == "GET"
+
+    assert "app.unparsed" not in by_tag and len(out) == len(web) + len(worker) + len(noisy) + len(access)
+    dead = lines(tmp_path / "dead")
+    assert len(dead) == 4
+    assert sorted(json.dumps(d["record"], sort_keys=True).count("plain text") for d in dead) == [0, 1, 1, 1]
+    assert not list((tmp_path / "out" / "_staging").rglob("*.jsonl"))
