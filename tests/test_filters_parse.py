@@ -204,3 +204,15 @@ def test_parse_time_option_checks():
         ParseTimeFilter.OPTIONS["formats"].check(["rfc3339", "iso"])
     with pytest.raises(ValueError, match="at least one"):
         ParseTimeFilter.OPTIONS["formats"].check([])
+
+
+def test_parse_json_reads_what_json_loads_reads_at_the_edges():
+    f, errors = make(ParseJsonFilter, target="v")
+    texts = ["123456789012345678901234567890", "NaN", '"\\ud800"', '{"a": 1, "a": 2}', "1e400", ' [1, 2.5, "x"] ']
+    import json as stdlib
+
+    out = records(run(f, batch(*[{"message": t} for t in texts])))
+    for text, record in zip(texts, out):
+        expected = stdlib.loads(text)
+        assert repr(record["v"]) == repr(expected), text
+    assert errors.calls == []

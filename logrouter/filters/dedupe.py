@@ -16,6 +16,7 @@ holds while the filters upstream of ``dedupe`` are deterministic; ``throttle`` i
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any, Iterator
 
 from logrouter import paths, registry
@@ -43,7 +44,10 @@ class DedupeFilter:
         self._empty = None if len(options["fields"]) == 1 else (None,) * len(options["fields"])
         self.window = int(float(options["window_secs"]) * 1e9)
         self.max_keys = options["max_keys"]
-        self._seen: dict[Any, tuple[int, int, int]] = {}  # key -> (time_ns, index, batch length) of its opener
+        # key -> (time_ns, index, batch length) of the event that opened its window, oldest
+        # window first (an OrderedDict: a plain dict's first key gets slow to find after
+        # many deletions at its front)
+        self._seen: OrderedDict[Any, tuple[int, int, int]] = OrderedDict()
         self.duplicates = 0
 
     def samples(self) -> Iterator[tuple[str, str, dict[str, str], float]]:
@@ -74,9 +78,9 @@ class DedupeFilter:
                     continue
                 if -window < when - opener[0] < window:
                     continue  # a duplicate
-                del seen[key]  # a new window: the key moves to the newest end
+                seen.move_to_end(key)  # a new window: the key moves to the newest end
             elif len(seen) >= self.max_keys:
-                del seen[next(iter(seen))]
+                seen.popitem(last=False)
             seen[key] = (when, index, size)
             append(event)
         return kept

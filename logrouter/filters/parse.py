@@ -14,6 +14,14 @@ import json
 import re
 from typing import Any, Callable
 
+import orjson
+
+from logrouter.wire import json_text
+
+# orjson with the standard library's verdict, as logrouter.wire.json_text does for bytes:
+# json decides whenever a long integer could be in the text or orjson refuses it.
+_LONG_NUMBER = re.compile(r"[0-9]{19}").search
+
 from logrouter import paths, registry
 from logrouter.batch import Batch, Event
 from logrouter.config.options import Option
@@ -118,12 +126,19 @@ class ParseJsonFilter(_ParseFilter):
     OPTIONS = _common_options("the field is not JSON")
 
     def parse(self, value: Any) -> Any:
-        if value.__class__ is not str and not isinstance(value, (bytes, bytearray)):
-            _text(value)  # raises with the field's kind
         try:
-            return json.loads(value)
+            if value.__class__ is str:
+                if not _LONG_NUMBER(value):
+                    try:
+                        return orjson.loads(value)
+                    except orjson.JSONDecodeError:
+                        pass
+                return json.loads(value)  # NaN, long integers, lone surrogates: as json.loads reads them
+            if isinstance(value, (bytes, bytearray)):
+                return json_text.loads(value)
         except ValueError as exc:
             raise ParseFailure(f"not JSON: {exc}") from None
+        _text(value)  # raises, naming the field's kind
 
 
 TYPES: dict[str, Callable[[str], Any]] = {
