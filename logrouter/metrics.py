@@ -25,6 +25,10 @@ def collect(router: Any) -> Iterator[Sample]:
     for source in router.sources.values():
         yield from source.samples()
     yield from router.errors.samples()
+    for component in router.filters.values():
+        samples = getattr(component, "samples", None)  # filters that count (throttle, dedupe, …)
+        if samples is not None:
+            yield from samples()
     for sink in router.sinks.values():
         yield from sink.samples()
     yield from router.feed_samples()

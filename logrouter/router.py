@@ -286,6 +286,8 @@ class Router:
             self._check_backpressure()
         if key is not None:
             self.dedupe.finish(key, position)
+        if self.stopping:
+            return  # the sinks are stopping or stopped: it is in the spool for the next start
         targets = frozenset(name for name, feed in self.feeds.items() if feed.live and not feed.sink.failing)
         if targets:
             try:
