@@ -2,7 +2,9 @@
 real fluent-logger, into a ``file`` sink (and the parse failures into a dead-letter file).
 
 JSON app logs are parsed, access-log lines parsed by regex with their time read by a
-strptime pattern, health checks dropped, debug logs sampled, a noisy tag throttled.
+strptime pattern, health checks dropped, debug logs sampled, a noisy tag throttled,
+error-level logs routed to a lake path of their own, and everything that failed to parse
+(JSON or access line) sent to a dead-letter file.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import json
 from fluent import sender
 
 from daemon import Daemon
-from helpers import wait_until
+from helpers import lake_column, wait_until
 
 CONFIG = """
 [router]
@@ -43,6 +45,7 @@ tag = "nginx.access"
 [filters.access]
 type = "parse_regex"
 inputs = ["web"]
+on_error = "error"
 pattern = '^(?P<client>\\S+) \\S+ (?P<user>\\S+) \\[(?P<ts>[^\\]]+)\\] "(?P<method>\\S+) (?P<path>\\S+) [^"]*" (?P<status>\\d{3}) (?P<bytes>\\d+|-)'
 types = { status = "int" }
 
@@ -71,15 +74,26 @@ tag = "app.noisy"
 rate = 1
 burst = 5
 
+[filters.by_level]
+type = "route"
+inputs = ["quiet"]
+routes = { failures = 'level == "error"' }
+
 [sinks.out]
 type = "file"
-inputs = ["quiet"]
+inputs = ["by_level._unmatched"]
 path = "out"
 roll_secs = 3600
 
+[sinks.error_lake]
+type = "parquet"
+inputs = ["by_level.failures"]
+path = "error_lake"
+roll_secs = 0.5
+
 [sinks.dead]
 type = "file"
-inputs = ["json.errors"]
+inputs = ["json.errors", "access.errors"]
 path = "dead"
 roll_secs = 3600
 """
@@ -118,12 +132,17 @@ def test_a_parsing_dropping_sampling_throttling_pipeline_into_a_file_sink(tmp_pa
         for i in range(3):  # not JSON: to json.errors, the dead-letter file
             assert app.emit_with_time("web", T0, {"message": f"plain text {i}"})
             sent += 1
+        for i in range(5):  # errors: routed to a lake path of their own
+            assert app.emit_with_time("web", T0 + i, {"message": json.dumps({"level": "error", "e": i})})
+            sent += 1
         app.close()
         nginx = sender.FluentSender("nginx", host="127.0.0.1", port=port)
         for i in range(20):
             path = "/healthz" if i % 4 == 0 else f"/p/{i}"
             assert nginx.emit("access", {"message": LINE.format(i=i, s=i, path=path, status=200 + i % 2 * 304)})
             sent += 1
+        assert nginx.emit("access", {"message": "not an access line"})  # to access.errors
+        sent += 1
         nginx.close()
         wait_until(lambda: daemon.metrics().get("logrouter_events_in_total", 0) >= sent, 30, f"{sent} events in")
         # Events count as in before the spool has them; a last one, stored after all of
@@ -131,7 +150,7 @@ def test_a_parsing_dropping_sampling_throttling_pipeline_into_a_file_sink(tmp_pa
         last = sender.FluentSender("app", host="127.0.0.1", port=port)
         assert last.emit("web", {"message": "the last one"})
         last.close()
-        wait_until(lambda: sink_events(daemon, "dead") >= 4, 30, "the last event at the dead-letter sink")
+        wait_until(lambda: sink_events(daemon, "dead") >= 5, 30, "the last event at the dead-letter sink")
         daemon.stop_gracefully()
 
     out = lines(tmp_path / "out")
@@ -158,6 +177,11 @@ def test_a_parsing_dropping_sampling_throttling_pipeline_into_a_file_sink(tmp_pa
 
     assert "app.unparsed" not in by_tag and len(out) == len(web) + len(worker) + len(noisy) + len(access)
     dead = lines(tmp_path / "dead")
-    assert len(dead) == 4
-    assert sorted(json.dumps(d["record"], sort_keys=True).count("plain text") for d in dead) == [0, 1, 1, 1]
+    assert len(dead) == 5
+    assert sorted(json.dumps(d["record"], sort_keys=True).count("plain text") for d in dead) == [0, 0, 1, 1, 1]
+    assert {d["record"]["component"] for d in dead} == {"json", "access"}
+    assert any(d["record"]["event"].get("message") == "not an access line" for d in dead)
+    errors = lake_column(tmp_path / "error_lake", "e")
+    assert sorted(errors) == [0, 1, 2, 3, 4]
+    assert not any(e["record"].get("level") == "error" for e in out)
     assert not list((tmp_path / "out" / "_staging").rglob("*.jsonl"))

@@ -51,7 +51,7 @@ class RouteFilter:
 
     OPTIONS = {
         "routes": Option(
-            dict, doc="output name → condition (`{errors = 'level == \"error\"', slow = '$.ms > 1000'}`); "
+            dict, doc="output name → condition (`{failed = 'level == \"error\"', slow = '$.ms > 1000'}`); "
             "take them as `<filter>.<name>` and `<filter>._unmatched`", check=_check_routes,
         ),
         "first_match": Option(bool, False, "an event goes only to the first route (in the order written) whose condition holds"),
