@@ -18,7 +18,6 @@ from logrouter.router import Router
 from logrouter.sinks.base import SINK_OPTIONS, SinkBase
 
 
-@registry.filter("test_reject")
 class RejectFilter:
     """Reports records with ``bad`` to the error path and passes the rest."""
 
@@ -38,7 +37,6 @@ class RejectFilter:
         return batch.replace(kept)
 
 
-@registry.filter("test_split")
 class SplitFilter:
     """Named outputs: ``even`` and ``odd`` by the record's ``n``."""
 
@@ -57,7 +55,6 @@ class SplitFilter:
         return {"even": batch.replace(even), "odd": batch.replace(odd)}
 
 
-@registry.sink("test_collect")
 class CollectSink(SinkBase):
     """Keeps what it is handed; done at once (its cursor follows ``advance``)."""
 
@@ -77,6 +74,18 @@ class CollectSink(SinkBase):
 
     def stop(self) -> defer.Deferred:
         return defer.succeed(None)
+
+
+@pytest.fixture(autouse=True)
+def test_components():
+    """The test's own component types, registered only while its tests run (the README's
+    option tables list every registered type)."""
+    registry.load_builtin()
+    registry.filter("test_reject")(RejectFilter)
+    registry.filter("test_split")(SplitFilter)
+    registry.sink("test_collect")(CollectSink)
+    yield
+    del registry.FILTERS["test_reject"], registry.FILTERS["test_split"], registry.SINKS["test_collect"]
 
 
 def config(tmp_path, body: str) -> Any:
