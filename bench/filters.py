@@ -20,6 +20,7 @@ from logrouter.filters.fields import SetFilter
 from logrouter.filters.grep import GrepFilter
 from logrouter.filters.parse import ParseJsonFilter, ParseRegexFilter
 from logrouter.filters.parse_time import ParseTimeFilter
+from logrouter.filters.route import RouteFilter
 from logrouter.filters.sample import SampleFilter
 from logrouter.filters.throttle import ThrottleFilter
 
@@ -128,3 +129,6 @@ bench("throttle keyed by host", ThrottleFilter, rate=20, key=["host"])
 bench("dedupe by message (all unique)", DedupeFilter, fields=["message"], max_keys=10_000)
 bench("dedupe by host+level (mostly repeats)", DedupeFilter, fields=["host", "level"])
 bench("set (for comparison)", SetFilter, fields={"env": "prod"})
+bench("route: 2 routes + _unmatched", RouteFilter, routes={"failed": 'level == "error"', "slow": "$.http.status >= 500"})
+bench("route: 2 routes, first_match", RouteFilter, routes={"failed": 'level == "error"', "slow": "$.http.status >= 500"},
+      first_match=True)

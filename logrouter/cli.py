@@ -166,7 +166,12 @@ def main(argv: list[str] | None = None) -> int:
     from logrouter.compaction import tool
 
     tool.add_arguments(compactor)
+    from logrouter.lake import ddl
+
+    ddl.add_parser(commands)
     args = parser.parse_args(argv)
+    if args.command == "lake":
+        return ddl.run(args)
     if args.command == "check-config":
         return check_config(args.file)
     if args.command == "plugin-cache":

@@ -30,6 +30,7 @@ from logrouter.lake.convert import TableBuilder
 from logrouter.lake.fs import LakeFileSystem, LocalFileSystem
 from logrouter.lake.partition import hour_dirs, partition_path, split_by_hour, tag_segment
 from logrouter.lake.schema import ColumnTypes, Inferred, file_schema
+from logrouter.lake.table import data_columns, read_table_schema, type_name, update_table
 
 Event = tuple[int, dict[str, Any]]
 
@@ -143,6 +144,8 @@ class LakeWriter:
         self._ready: list[SealedFile] = []
         self._disk_bytes_per_row = float(_INITIAL_DISK_BYTES_PER_ROW)
         self._memory_bytes_per_row = float(_INITIAL_MEMORY_BYTES_PER_ROW)
+        self._table_columns = -1  # how many columns the lake's table has from us (table.py)
+        self._orphans: list[str] = []  # staged files abort() could not delete (retried)
 
     # -- introspection (metrics) ------------------------------------------------------
 
@@ -321,6 +324,26 @@ class LakeWriter:
             self.fs.sync_dir(self.staging_dir)
         return sealed
 
+    # -- the lake's table schema (table.py) --------------------------------------------
+
+    def adopt_table(self) -> int:
+        """Take the types of the lake's table for fields this writer has not typed yet
+        (so routers sharing a lake agree on types); the number of columns adopted."""
+        schema = read_table_schema(self.fs, self.root)
+        if schema is None:
+            return 0
+        before = len(self.column_types)
+        self.column_types.restore([name, type_name(t)] for name, t in data_columns(schema))
+        return len(self.column_types) - before
+
+    def update_table(self) -> None:
+        """Add this writer's columns to the lake's table if it has new ones since the last
+        call (``publish`` calls it first, so no file has a column the table lacks)."""
+        count = len(self.column_types)
+        if count != self._table_columns:
+            update_table(self.fs, self.root, self.column_types.items(), self.writer_id)
+            self._table_columns = count
+
     # -- publishing and cleanup ---------------------------------------------------------
 
     def publish(self, sealed: Sequence[SealedFile], missing_ok: bool = False) -> None:
@@ -332,6 +355,8 @@ class LakeWriter:
         in neither place, unless ``missing_ok`` (a redo after compaction may find a
         published file already rewritten into another).
         """
+        if sealed:
+            self.update_table()
         directories: dict[str, None] = {}
         for file in sealed:
             directory = posixpath.dirname(file.final_path)
@@ -364,18 +389,25 @@ class LakeWriter:
     def abort(self) -> None:
         """Drop open files and sealed files not yet handed out, deleting their staged
         data; the caller replays those events (e.g. from its spool)."""
-        for file in self._files.values():
-            if file.stream is not None:
-                try:
-                    file.writer.close()  # type: ignore[union-attr]
-                except Exception:  # noqa: BLE001 - the file is being thrown away
-                    pass
-                file.stream.close()
-                if self.fs.exists(file.staging_path):
-                    self.fs.remove(file.staging_path)
-        for sealed in self._ready:
-            if self.fs.exists(sealed.staging_path):
-                self.fs.remove(sealed.staging_path)
+        files, ready = list(self._files.values()), list(self._ready)
         self._files.clear()
         self._ready.clear()
         self._staging_made = False  # whatever broke may have taken the directory with it
+        doomed = list(self._orphans)
+        for file in files:
+            if file.stream is not None:
+                for close in (file.writer.close, file.stream.close):  # type: ignore[union-attr]
+                    try:
+                        close()
+                    except Exception:  # noqa: BLE001 - the file is being thrown away (and the
+                        pass  # filesystem may be what failed: an HDFS NameNode down)
+                doomed.append(file.staging_path)
+        doomed.extend(sealed.staging_path for sealed in ready)
+        self._orphans = []
+        for path in doomed:
+            try:
+                if self.fs.exists(path):
+                    self.fs.remove(path)
+            except Exception:  # noqa: BLE001 - retried by the next abort; discard_staging at start
+                if len(self._orphans) < 10_000:
+                    self._orphans.append(path)

@@ -162,6 +162,9 @@ class ParquetSink(SinkBase):
             pending = [SealedFile.from_dict(f) for f in state.get("files", [])]
             self.writer.publish(pending, missing_ok=True)
             self._saved_cursor = state["cursor"]
+        # Fields this sink has not typed yet take the lake table's types (other routers'),
+        # so routers sharing a lake agree (logrouter.lake.table).
+        self.writer.adopt_table()
         removed = self.writer.discard_staging()
         if removed:
             self.log.info(
