@@ -8,7 +8,13 @@ jars; the jars and the built class are cached under ``tests/.cache/minicluster/`
 ``MiniHdfs`` starts the JVM, waits for its ``READY <port>`` line (with a deadline, no
 sleeps), and drives it over stdin: ``restart_namenode()``, ``stop_namenode()``,
 ``start_namenode()`` and ``stop()``. End of stdin stops the JVM too, so it never outlives
-the test process. ``cluster_or_skip`` skips, printing why, only when ``java``/``mvn`` are
+the test process.
+
+hdfs-native starts native threads (a tokio runtime) in the process that makes a client,
+and a later ``fork`` in that process (pyspark launches its JVM with a ``preexec_fn``)
+can then hang in the child. So tests never use hdfs-native in the pytest process: they
+call ``in_child(function, …)``, which runs a top-level function in a fresh interpreter
+(multiprocessing "spawn") and returns its result. ``cluster_or_skip`` skips, printing why, only when ``java``/``mvn`` are
 missing or Maven cannot fetch the artifacts; any other failure fails the test.
 """
 
@@ -16,6 +22,8 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib.util
+import multiprocessing
 import os
 import queue
 import re
@@ -179,11 +187,6 @@ class MiniHdfs:
     def url(self, path: str = "/") -> str:
         return f"hdfs://{self.authority}/{path.lstrip('/')}"
 
-    def client(self):
-        import hdfs_native  # noqa: PLC0415
-
-        return hdfs_native.Client(f"hdfs://{self.authority}")
-
     def stop(self, timeout: float = 60) -> None:
         process = self.process
         if process is None:
@@ -209,12 +212,17 @@ def cluster_or_skip(base: Path):
     """A started ``MiniHdfs`` under ``base``; ``pytest.skip`` with the reason if none can run."""
     import pytest  # noqa: PLC0415
 
-    try:
-        import hdfs_native  # noqa: F401, PLC0415
-    except ImportError as error:
-        pytest.skip(f"hdfs-native is not installed (pip install 'logrouter[hdfs]'): {error}")
+    if importlib.util.find_spec("hdfs_native") is None:  # not imported here: see in_child
+        pytest.skip("hdfs-native is not installed (pip install 'logrouter[hdfs]')")
     try:
         classpath = build()
     except Unavailable as reason:
         pytest.skip(str(reason))
     return MiniHdfs(base).start(classpath)
+
+
+def in_child(function, *args, timeout: float = 300):
+    """``function(*args)`` in a fresh interpreter (see the module docstring); its result."""
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(1) as pool:
+        return pool.apply_async(function, args).get(timeout)

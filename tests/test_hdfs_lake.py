@@ -9,7 +9,9 @@ tests/hdfs_cluster.py) for the module, on loopback.
 * two routers writing one HDFS lake while the NameNode is stopped and started again in
   the middle of the run: the sinks fail, retry and replay; every acked event once.
 
-Skipped, with the reason, only when java/mvn are missing or Maven cannot fetch.
+Skipped, with the reason, only when java/mvn are missing or Maven cannot fetch. Every
+hdfs-native call of the test itself runs in a child interpreter (``in_child``: see
+tests/hdfs_cluster.py), never in the pytest process.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import pytest
 
 from chunk_client import EVENTS_PER_CHUNK, Client
 from daemon import Daemon
-from hdfs_cluster import cluster_or_skip
+from hdfs_cluster import cluster_or_skip, in_child
 from logrouter.lake.dataset import lake_dataset
 from logrouter.lake.fs import HdfsFileSystem, filesystem_for
 
@@ -61,6 +63,12 @@ def lake_ids(url: str) -> list[str]:
     return lake_dataset(url).to_table(columns=["id"]).column("id").to_pylist()
 
 
+def lake_summary(url: str) -> tuple[list[str], list[str], list[str]]:
+    """(ids, column names, tags) of the lake, and its staged files: in a child."""
+    table = lake_dataset(url).to_table()
+    return table.column("id").to_pylist(), table.column_names, sorted(set(table.column("tag").to_pylist())), staged_files(url)
+
+
 def staged_files(url: str) -> list[str]:
     fs, root = filesystem_for(url)
     names = []
@@ -69,8 +77,7 @@ def staged_files(url: str) -> list[str]:
     return names
 
 
-def assert_exactly_once(url: str, acked: set[int]) -> None:
-    ids = lake_ids(url)
+def assert_exactly_once(ids: list[str], acked: set[int]) -> None:
     counts = collections.Counter(ids)
     doubled = [i for i, c in counts.items() if c > 1]
     expected = {f"{c}-{i}" for c in acked for i in range(EVENTS_PER_CHUNK)}
@@ -79,7 +86,11 @@ def assert_exactly_once(url: str, acked: set[int]) -> None:
 
 
 def test_filesystem_seam_against_the_real_namenode(hdfs):
-    fs, root = filesystem_for(hdfs.url("/seam"))
+    assert in_child(check_seam, hdfs.url("/seam")) == "ok"
+
+
+def check_seam(url: str) -> str:
+    fs, root = filesystem_for(url)
     assert isinstance(fs, HdfsFileSystem) and root == "/seam"
     fs.makedirs("/seam/a/b")
     fs.makedirs("/seam/a/b")  # fine if it exists
@@ -108,6 +119,7 @@ def test_filesystem_seam_against_the_real_namenode(hdfs):
     fs.remove_tree("/seam/a")
     fs.remove_tree("/seam/a")  # fine if it is gone
     assert not fs.exists("/seam/a")
+    return "ok"
 
 
 def test_daemon_lands_events_on_hdfs_exactly_once_across_a_kill_9(hdfs, tmp_path):
@@ -138,8 +150,8 @@ def test_daemon_lands_events_on_hdfs_exactly_once_across_a_kill_9(hdfs, tmp_path
         assert not client.unacked
         daemon.stop_gracefully()
         assert "resuming from spool position" in daemon.output
-    assert_exactly_once(url, client.acked)
-    assert staged_files(url) == []
-    table = lake_dataset(url).to_table()
-    assert {"time", "id", "n", "msg", "_extra", "tag", "dt", "hour"} <= set(table.column_names)
-    assert set(table.column("tag").to_pylist()) == {"crash.test"}
+    ids, columns, tags, staged = in_child(lake_summary, url)
+    assert_exactly_once(ids, client.acked)
+    assert staged == []
+    assert {"time", "id", "n", "msg", "_extra", "tag", "dt", "hour"} <= set(columns)
+    assert tags == ["crash.test"]

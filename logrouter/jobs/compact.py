@@ -58,6 +58,7 @@ from logrouter.compaction.layout import (  # noqa: E402
 from logrouter.compaction.merge import EXTRA, TIME, InputFile, MergePlan, plan_merge  # noqa: E402
 from logrouter.compaction.swap import FileInfo, Swap, recover  # noqa: E402
 from logrouter.lake.fs import filesystem_for  # noqa: E402
+from logrouter.lake.table import update_table  # noqa: E402
 
 #: Settings the job's correctness depends on; applied after the user's spark_conf.
 REQUIRED_CONF = {
@@ -311,6 +312,9 @@ def compact_partition(
         except Exception:
             swap.roll_back()
             raise
+        # The lake's table has every column of the outputs before they are visible (files
+        # of older writers may bring columns it lacks); additive, so cheap when it has them.
+        update_table(fs, root, [(name, t) for name, t in plan.columns if name not in (TIME, EXTRA)])
         swap.commit(footers_info(inputs), footers_info(outputs))
         moved = sum(1 for f in inputs if f.name in plan.moves)
         after = partition_from_key(fs, root, key)  # the outputs, and any file that arrived meanwhile
