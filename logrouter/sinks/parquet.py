@@ -27,6 +27,7 @@ from twisted.internet import defer, task, threads
 from logrouter import registry
 from logrouter.batch import Batch
 from logrouter.config.options import Option, positive
+from logrouter.lake.flatten import flatten_events
 from logrouter.lake.fs import check_lake_url, filesystem_for
 from logrouter.lake.partition import PartitionError
 from logrouter.lake.schema import TYPE_NAMES, ColumnTypes
@@ -97,6 +98,9 @@ class ParquetSink(SinkBase):
         "compression": Option(str, "zstd", "Parquet codec: `zstd`, `snappy`, `gzip`, `brotli`, `lz4` or `none`", _check_codec),
         "columns": Option(dict, {}, "declared column types, e.g. `{ status = \"int\", latency = \"float\" }`: every file has them, typed, even "
             "across routers and restarts", _check_columns),
+        "flatten": Option(
+            bool, False, "store nested tables as dotted columns (`host.name`) instead of JSON in `_extra`; arrays stay in `_extra`"
+        ),
         **SINK_OPTIONS,
     }
 
@@ -104,6 +108,7 @@ class ParquetSink(SinkBase):
         super().__init__(name, options, errors, reactor)
         self.root = options["path"].removeprefix("file://")
         self.writer_id = options["writer_id"] or _default_writer_id(name)
+        self.flatten = options.get("flatten", False)
         self.writer = self._new_writer()
         self.worker = SerialWorker(
             reactor, self._work, f"logrouter-parquet-{name}", on_result=self._done, on_failure=self._failed
@@ -253,7 +258,8 @@ class ParquetSink(SinkBase):
                 _, batch, position, size = item
                 freed += size
                 try:
-                    self.writer.write(batch.tag, batch.events, now, position, self.published)
+                    events = flatten_events(batch.events) if self.flatten else batch.events
+                    self.writer.write(batch.tag, events, now, position, self.published)
                 except PartitionError as e:
                     refused.append((batch.tag, f"tag cannot name a partition: {e}", batch.events))
             elif kind == _STOP:
