@@ -23,6 +23,8 @@ import math
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any, Callable
 
+import orjson
+
 #: Nesting deeper than this (the _extra object itself is level 1) is replaced by
 #: TOO_DEEP: it protects the worker thread's stack from absurd input.
 MAX_DEPTH = 100
@@ -110,13 +112,32 @@ def jsonable(value: Any, depth: int = 0) -> Any:
     return _text(str(value))
 
 
+def _orjson_refuse(value: Any) -> Any:
+    raise TypeError  # anything orjson does not encode natively: the exact path decides
+
+
+# Datetimes, dataclasses and subclasses go to ``default`` (and so to the exact path):
+# orjson would spell them its own way, where the rules above say str(value).
+_ORJSON_OPTIONS = orjson.OPT_PASSTHROUGH_DATETIME | orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_SUBCLASS
+
+
 def encode_extra(fields: dict[str, Any]) -> str:
     """The JSON object text of ``fields`` (valid UTF-8, compact, key order kept).
 
-    The C encoder handles the common case (plain JSON types); anything it refuses
-    (bytes, NaN, too deep) or that would not encode as UTF-8 (lone surrogates) takes
-    the rebuilding path.
+    ``orjson`` encodes the common case many times faster than ``json``. It refuses
+    bytes, lone surrogates, integers beyond 64 bits, non-string keys and deep nesting,
+    and it writes NaN and infinities as ``null``: so its output is taken only when it
+    succeeded and holds no ``null`` at all; everything else goes through the standard
+    library's C encoder, and what that refuses through the rebuilding path. (Floats
+    may be spelled differently, ``1e-07`` or ``1e-7``: the same number.)
     """
+    try:
+        data = orjson.dumps(fields, default=_orjson_refuse, option=_ORJSON_OPTIONS)
+    except TypeError:  # orjson.JSONEncodeError is a TypeError
+        pass
+    else:
+        if b"null" not in data:
+            return data.decode("utf-8")
     try:
         text = _dumps(fields)
         text.encode("utf-8")
