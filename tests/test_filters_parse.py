@@ -216,3 +216,18 @@ def test_parse_json_reads_what_json_loads_reads_at_the_edges():
         expected = stdlib.loads(text)
         assert repr(record["v"]) == repr(expected), text
     assert errors.calls == []
+
+
+def test_rfc3339_fast_path_agrees_with_the_full_reader():
+    import datetime
+
+    from logrouter.filters.parse_time import rfc3339_reader
+
+    cached = rfc3339_reader(datetime.timezone.utc)
+    texts = ["2023-11-14T22:13:20.123456789Z", "2023-11-14T22:13:20Z", "2023-11-14T22:13:20,5Z", "2023-11-14t22:13:20.1z",
+             "2023-11-14T22:13:60Z", "2023-11-14T22:13:20.1234567891234Z", " 2023-11-14T22:13:20Z"]
+    first = [cached(t) for t in texts]
+    again = [cached(t) for t in texts]  # now from the seconds cache
+    fresh = [rfc3339_reader(datetime.timezone.utc)(t) for t in texts]
+    assert first == again == fresh
+    assert first[0] == 1_700_000_000_123_456_789

@@ -84,10 +84,25 @@ def _ns_of(dt: datetime.datetime) -> int:
 def rfc3339_reader(tz: datetime.tzinfo) -> Callable[[Any], int]:
     utc = tz is datetime.timezone.utc
     match = _RFC3339.fullmatch
+    # Times of one batch mostly share their second: the UTC form ("…Z") is looked up by
+    # its first 19 characters, and only the fraction is read per event.
+    seconds_of: dict[str, int] = {}
 
     def read(value: Any) -> int:
         if value.__class__ is not str:
             raise TimeFailure("not text")
+        if len(value) >= 20 and value[-1] in "Zz":
+            known = seconds_of.get(value[:19])
+            if known is not None:
+                fraction = value[19:-1]
+                if not fraction:
+                    return known * 1_000_000_000
+                digits = fraction[1:]
+                if fraction[0] in ".," and digits.isdigit() and digits.isascii():
+                    return known * 1_000_000_000 + int(digits[:9].ljust(9, "0"))
+        return slow(value)
+
+    def slow(value: str) -> int:
         m = match(value)
         if m is None:
             raise TimeFailure("not an RFC 3339 time")
@@ -108,6 +123,10 @@ def rfc3339_reader(tz: datetime.tzinfo) -> Callable[[Any], int]:
                 local = datetime.datetime(int(year), int(month), int(day), h, mi, min(s, 59), tzinfo=tz)
                 seconds -= int(local.utcoffset().total_seconds())
         nanos = int(fraction[:9].ljust(9, "0")) if fraction else 0
+        if z is not None and m.start(1) == 0 and m.end(6) == 19:
+            if len(seconds_of) >= CACHE_SIZE:
+                seconds_of.clear()
+            seconds_of[value[:19]] = seconds
         return seconds * 1_000_000_000 + nanos
 
     return read
