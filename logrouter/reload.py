@@ -10,7 +10,8 @@ reload does (``Router.reconfigure`` carries it out):
   only changes the routes); a changed one is stopped (it commits what it was handed) and
   started again from the cursor it saved; a removed one is stopped; a new one starts
   from its saved cursor, if any (as at start-up);
-* filters hold no state: they are all built again from the new config;
+* a filter whose type and options are unchanged is kept with its state (``dedupe``'s
+  memory, ``throttle``'s buckets); changed and new ones are built from the new config;
 * what cannot change while running (``[spool]``, ``[compaction]``, the metrics endpoint)
   is listed in ``needs_restart`` and keeps its running value; ``shutdown_timeout_secs``
   applies at once.
@@ -44,6 +45,8 @@ class ReloadPlan:
     stop_sinks: list[str] = field(default_factory=list)
     start_sinks: list[str] = field(default_factory=list)
     needs_restart: list[str] = field(default_factory=list)
+    #: components that could not start (``kind.name: reason``); left out, retried by the next reload
+    failed: list[str] = field(default_factory=list)
 
     @property
     def changes(self) -> bool:
@@ -65,6 +68,8 @@ class ReloadPlan:
                 parts.append(f"{label}: {', '.join(names)}")
         if self.routes_changed:
             parts.append("filters and routes rebuilt")
+        if self.failed:
+            parts.append(f"could not start (left out, retried by the next reload): {', '.join(self.failed)}")
         if self.needs_restart:
             parts.append(f"needs a restart to change (kept as running): {', '.join(self.needs_restart)}")
         return "; ".join(parts) or "nothing changed"
@@ -82,7 +87,16 @@ def plan(old: Config, new: Config) -> ReloadPlan:
             router[key] = value
         elif old.router.get(key) != value:
             needs_restart.append(f"router.{key}")
-    effective = dataclasses.replace(new, router=router, spool=old.spool, compaction=old.compaction)
+    effective = dataclasses.replace(
+        new,
+        router=router,
+        spool=old.spool,
+        compaction=old.compaction,
+        # its own dicts: components that fail to start are taken out of the running config
+        sources=dict(new.sources),
+        filters=dict(new.filters),
+        sinks=dict(new.sinks),
+    )
     result = ReloadPlan(effective=effective, needs_restart=needs_restart)
     for name, component in old.sources.items():
         if name in new.sources and same_component(component, new.sources[name]):

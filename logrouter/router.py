@@ -170,6 +170,7 @@ class Router:
         self._snapshot_saved_at = float("-inf")
         self._snapshot: defer.Deferred | None = None
         self._reloading = False
+        self._reload_done: defer.Deferred | None = None
 
     def _build_routes(self) -> dict[str, list[Any]]:
         """Per batch source (a source's name, or ``<component>.errors`` for dead letters),
@@ -178,10 +179,19 @@ class Router:
         nodes: dict[str, Any] = {name: FilterNode(name, f, self.errors) for name, f in self.filters.items()}
         nodes.update({name: SinkNode(name, s, self.errors) for name, s in self.sinks.items()})
         for component in (*config.filters.values(), *config.sinks.values()):
+            consumer = nodes.get(component.name)
+            if consumer is None:
+                continue
             for reference in component.inputs:
                 upstream, output = config.split_input(reference)
                 if upstream in self.filters and output != ERRORS_OUTPUT:
-                    nodes[upstream].children.setdefault(output, []).append(nodes[component.name])
+                    nodes[upstream].children.setdefault(output, []).append(consumer)
+        routed = {config.split_input(o)[0] for o in config.error_outputs()}
+        every_sink = frozenset(self.sinks)
+        for name in routed:
+            if isinstance(nodes.get(name), FilterNode):
+                # Its dead letters are consumed: it runs whatever sink a batch is for.
+                nodes[name].reach = every_sink
 
         def reach(node: Any) -> frozenset[str]:
             if isinstance(node, FilterNode) and not node.reach:
@@ -191,8 +201,8 @@ class Router:
         for node in nodes.values():
             reach(node)
         entries = [*self.sources, *config.error_outputs()]
-        self.errors.routed = {config.split_input(o)[0] for o in config.error_outputs()}
-        return {entry: [nodes[c.name] for c in config.downstream(entry)] for entry in entries}
+        self.errors.routed = routed
+        return {entry: [nodes[c.name] for c in config.downstream(entry) if c.name in nodes] for entry in entries}
 
     # -- taking batches in --------------------------------------------------------------
 
@@ -291,7 +301,7 @@ class Router:
         targets = frozenset(name for name, feed in self.feeds.items() if feed.live and not feed.sink.failing)
         if targets:
             try:
-                for node in self.routes[batch.source]:
+                for node in self.routes.get(batch.source, ()):
                     node.push(batch, position, size, targets)
             except Exception:
                 # Filter and sink nodes catch their own errors, so this is a bug: log it
@@ -412,6 +422,8 @@ class Router:
 
     def _trim(self) -> None:
         """Delete spool segments every sink is done with and the dedupe snapshot covers."""
+        if self._reloading:
+            return  # a sink being replaced has no feed for a moment; its cursor still counts
         cursor = self.min_cursor()
         first_end = self.spool.first_segment_end
         if first_end is not None and first_end <= cursor:
@@ -517,92 +529,118 @@ class Router:
 
     # -- reload -----------------------------------------------------------------------
 
-    @defer.inlineCallbacks
-    def reconfigure(self, new: Config) -> Any:
+    def reconfigure(self, new: Config) -> defer.Deferred:
         """Apply a validated config to the running graph; fires with the ``ReloadPlan``.
 
         Sources and sinks whose type and options did not change keep running (a kept
-        source keeps its socket and connections). Sources that go stop gracefully first,
-        so every batch they stored is acked; sinks that go are taken off the routes, get
-        no more batches and commit what they were handed; then filters and routes are
-        built again, new sinks recover their cursors and catch up, and new sources start.
-        Nothing is lost on the way: what was acked is in the spool, and every sink that
-        stays is fed from where it was. See ``logrouter.reload``.
+        source keeps its socket and connections; a kept filter its state). Sources that
+        go stop gracefully first, so every batch they stored is acked; sinks that go are
+        taken off the routes, get no more batches and commit what they were handed; then
+        filters and routes are built again, new sinks recover their cursors and catch up,
+        and new sources start. The spool is not trimmed while this runs (a sink being
+        replaced has no feed for a moment, and its cursor must still hold the spool).
+        A component that cannot start is left out of the running config, so the next
+        reload tries it again. A stop waits for a reload under way. See ``logrouter.reload``.
         """
+        if self.stop_requested or self.stopping:
+            return defer.fail(RuntimeError("the router is stopping"))
+        if self._starting is not None and not self._starting.called:
+            return defer.fail(RuntimeError("the router is still starting"))
+        if self._reloading:
+            return defer.fail(RuntimeError("a reload is already under way"))
+        self._reloading = True
+        d = self._reconfigure(new)
+        self._reload_done = d
+
+        def done(result: Any) -> Any:
+            self._reloading = False
+            self._reload_done = None
+            self._trim()
+            return result
+
+        return d.addBoth(done)
+
+    @defer.inlineCallbacks
+    def _reconfigure(self, new: Config) -> Any:
         from logrouter import reload as reloading
 
-        if self.stop_requested or self.stopping:
-            raise RuntimeError("the router is stopping")
-        if self._starting is not None and not self._starting.called:
-            raise RuntimeError("the router is still starting")
-        if self._reloading:
-            raise RuntimeError("a reload is already under way")
-        self._reloading = True
-        try:
-            plan = reloading.plan(self.config, new)
-            # 1. Sources that go stop taking input; their stored batches get their replies.
-            leaving = [self.sources.pop(name) for name in plan.stop_sources]
-            yield defer.DeferredList([defer.maybeDeferred(s.stop) for s in leaving], consumeErrors=True)
-            # 2. Sinks that go get nothing more, finish a spool read under way, and commit.
-            for name in plan.stop_sinks:
-                feed = self.feeds.pop(name)
-                sink = self.sinks.pop(name)
+        old = self.config
+        plan = reloading.plan(old, new)
+        # 1. Sources that go stop taking input; their stored batches get their replies.
+        leaving = [self.sources.pop(name) for name in plan.stop_sources if name in self.sources]
+        yield defer.DeferredList([defer.maybeDeferred(s.stop) for s in leaving], consumeErrors=True)
+        # 2. Sinks that go get nothing more, finish a spool read under way, and commit.
+        for name in plan.stop_sinks:
+            feed = self.feeds.pop(name, None)
+            sink = self.sinks.pop(name, None)
+            if feed is not None:
                 feed.live = False
                 feed.started = False  # _catch_up no longer feeds it
                 feed.epoch += 1
                 if feed.reading is not None:
                     yield defer.DeferredList([feed.reading], consumeErrors=True)
+            if sink is not None:
                 try:
                     yield defer.maybeDeferred(sink.stop)
                 except Exception:  # noqa: BLE001 - uncommitted work is replayed from its cursor next time
                     self.log.failure("reload: sink {name} did not stop cleanly", name=name)
-            # 3. The new graph: filters anew, new sinks and sources built, routes rebuilt.
-            config = plan.effective
-            self.config = config
-            self.filters = {name: c.cls(name, c.options, self.errors) for name, c in config.filters.items()}
-            new_feeds = []
-            for name in plan.start_sinks:
-                component = config.sinks[name]
-                sink = component.cls(name, component.options, self.errors, self.reactor)
-                self.sinks[name] = sink
-                new_feeds.append(self._new_feed(name, sink))
-            for name in plan.start_sources:
-                component = config.sources[name]
-                self.sources[name] = build_source(component.cls, name, component.options, self.source_context)
-                self.durability[name] = component.options.get("durability", "")
-            self.routes = self._build_routes()
-            # 4. New sinks recover their state and catch up from their cursors.
-            for feed in new_feeds:
-                try:
-                    cursor = yield feed.sink.start()
-                except Exception:  # noqa: BLE001 - e.g. a lake path it cannot write
-                    self.log.failure("reload: sink {name} could not start; it is left out", name=feed.name)
-                    self.sinks.pop(feed.name, None)
-                    plan.start_sinks.remove(feed.name)
-                    self.routes = self._build_routes()
-                    continue
-                feed.started = True
-                feed.delivered = max(cursor, self.spool.start)
-                feed.sink.advance(feed.delivered)
-                self.feeds[feed.name] = feed
-                self._catch_up(feed)
-            # 5. New sources start last, once everything downstream of them is in place.
-            for name in list(plan.start_sources):
-                source = self.sources[name]
-                try:
-                    yield source.start()
-                except Exception:  # noqa: BLE001 - e.g. a port in use
-                    self.log.failure("reload: source {name} could not start; it is left out", name=name)
-                    del self.sources[name]
-                    plan.start_sources.remove(name)
-                    continue
-                if self.paused:
-                    source.pause_reading()
-            self._check_backpressure()
-            self._trim()
-            return plan
-        finally:
-            self._reloading = False
+        # 3. The new graph: filters (unchanged ones kept, with their state), new sinks
+        #    and sources built, routes rebuilt.
+        config = plan.effective
+        self.config = config
+        filters = {}
+        for name, component in config.filters.items():
+            previous = old.filters.get(name)
+            if previous is not None and name in self.filters and reloading.same_component(previous, component):
+                filters[name] = self.filters[name]
+            else:
+                filters[name] = component.cls(name, component.options, self.errors)
+        self.filters = filters
+        new_feeds = []
+        for name in plan.start_sinks:
+            component = config.sinks[name]
+            sink = component.cls(name, component.options, self.errors, self.reactor)
+            self.sinks[name] = sink
+            new_feeds.append(self._new_feed(name, sink))
+        for name in plan.start_sources:
+            component = config.sources[name]
+            self.sources[name] = build_source(component.cls, name, component.options, self.source_context)
+            self.durability[name] = component.options.get("durability", "")
+        self.routes = self._build_routes()
+        # 4. New sinks recover their state and catch up from their cursors.
+        for feed in new_feeds:
+            try:
+                cursor = yield feed.sink.start()
+            except Exception:  # noqa: BLE001 - e.g. a lake path it cannot write
+                self.log.failure("reload: sink {name} could not start; it is left out", name=feed.name)
+                plan.failed.append(f"sinks.{feed.name}")
+                self.sinks.pop(feed.name, None)
+                del config.sinks[feed.name]
+                plan.start_sinks.remove(feed.name)
+                self.routes = self._build_routes()
+                continue
+            feed.started = True
+            feed.delivered = max(cursor, self.spool.start)
+            feed.sink.advance(feed.delivered)
+            self.feeds[feed.name] = feed
+            self._catch_up(feed)
+        # 5. New sources start last, once everything downstream of them is in place.
+        for name in list(plan.start_sources):
+            source = self.sources[name]
+            try:
+                yield source.start()
+            except Exception:  # noqa: BLE001 - e.g. a port in use
+                self.log.failure("reload: source {name} could not start; it is left out", name=name)
+                plan.failed.append(f"sources.{name}")
+                del self.sources[name]
+                del config.sources[name]
+                plan.start_sources.remove(name)
+                self.routes = self._build_routes()
+                continue
+            if self.paused:
+                source.pause_reading()
+        self._check_backpressure()
+        return plan
 
     def _new_feed(self, name: str, sink: Any) -> SinkFeed:
         feed = SinkFeed(name, sink)
@@ -682,6 +720,8 @@ class Router:
         stop_began = self.reactor.seconds()
         if self._starting is not None:
             yield defer.DeferredList([self._starting], consumeErrors=True)
+        if self._reload_done is not None:
+            yield defer.DeferredList([self._reload_done], consumeErrors=True)
         if self._spool_retry_call is not None and self._spool_retry_call.active():
             self._spool_retry_call.cancel()
         if self.metrics_port is not None:

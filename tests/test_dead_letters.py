@@ -207,3 +207,24 @@ def test_output_references_are_checked(tmp_path) -> None:
     ]
     # a sink's and a source's errors are outputs too
     config(tmp_path, '[sinks.s]\ntype = "test_collect"\ninputs = ["in"]\n[sinks.t]\ntype = "test_collect"\ninputs = ["s.errors", "in.errors"]\n')
+
+
+def test_a_filter_whose_only_consumer_is_its_errors_output_still_runs(running) -> None:
+    from twisted.internet import reactor
+
+    router = running(
+        """
+[filters.check]
+type = "test_reject"
+inputs = ["in"]
+[sinks.a]
+type = "test_collect"
+inputs = ["in"]
+[sinks.dl]
+type = "test_collect"
+inputs = ["check.errors"]
+"""
+    )
+    spin(reactor, router.ingest(Batch("t", [(1, {"bad": True}), (2, {"ok": 1})], "in")))
+    got = CollectSink.got
+    settle(router, lambda: len(got["a"]) == 2 and len(got["dl"]) == 1)

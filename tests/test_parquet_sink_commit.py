@@ -228,3 +228,31 @@ def test_renames_that_fail_after_the_commit_are_finished_before_the_replay(tmp_p
     sink._run([reset(200), record(200, 0, range(20, 25))])
     sink._run([tick(30.0, 300)])
     assert lake_ids(tmp_path) == list(range(25))
+
+
+def test_renames_failing_again_at_the_reset_keep_the_committed_files(tmp_path, monkeypatch):
+    """The reset after a failed rename fails too (the lake is still unreachable): the
+    committed files stay to be published, reset() reports the failure, and the next reset
+    publishes them; no row is lost or doubled."""
+    sink = make_sink(tmp_path)
+    assert sink._recover() == 0
+    publish = sink.writer.publish
+
+    def rename_fails(*args, **kwargs):
+        raise OSError(5, "Input/output error")
+
+    sink._run([record(0, 0, range(0, 10)), record(100, 0, range(10, 20))])
+    monkeypatch.setattr(sink.writer, "publish", rename_fails)
+    with pytest.raises(OSError):
+        sink._work([tick(11.0, 200)])
+    with pytest.raises(OSError):
+        sink._work([reset(200)])  # the retry's reset: still failing
+    assert len(sink._unpublished) == 1
+    failures = []
+    sink.worker.submit = lambda item: __import__("twisted.internet.defer", fromlist=["succeed"]).succeed(None)
+    sink.reset().addErrback(failures.append)
+    assert failures and "could not be published yet" in failures[0].getErrorMessage()
+    monkeypatch.setattr(sink.writer, "publish", publish)
+    sink._run([reset(200), record(200, 0, range(20, 25))])
+    sink._run([tick(30.0, 300)])
+    assert lake_ids(tmp_path) == list(range(25))

@@ -227,7 +227,15 @@ class FileSink(SinkBase):
         return d
 
     def reset(self) -> defer.Deferred:
-        return self._submit((_RESET,))
+        d = self._submit((_RESET,))
+
+        def check(_: object) -> None:
+            # The reset runs while the sink is failing, so the worker's failure is not
+            # reported; committed files still unpublished mean it failed: retry later.
+            if self._unpublished:
+                raise OSError(f"{len(self._unpublished)} committed file(s) could not be published yet")
+
+        return d.addCallback(check)
 
     def _submit(self, item: tuple) -> defer.Deferred:
         return self.worker.submit((item, self.reactor.seconds(), self.fed_end, self.epoch))
@@ -339,13 +347,14 @@ class FileSink(SinkBase):
             os.fsync(file.handle.fileno())
             file.handle.close()
             files.append((file.staging, file.final))
+        files = [*self._unpublished, *files]  # an earlier commit's renames not done yet stay listed
         if self.state is not None:
             # The commit point: from here on, recovery finishes the renames.
             self.state.save({"cursor": cursor, "files": [list(f) for f in files]})
         self._saved_cursor = cursor
         self._saved_at = now
         self._unpublished = files
-        self._publish(files)
+        self._publish(files, missing_ok=True)
         self._unpublished = []
         self.commits += 1
         if file is not None:

@@ -201,7 +201,15 @@ class ParquetSink(SinkBase):
         return d
 
     def reset(self) -> defer.Deferred:
-        return self._submit((_RESET,))
+        d = self._submit((_RESET,))
+
+        def check(_: object) -> None:
+            # The reset runs while the sink is failing, so the worker's failure is not
+            # reported; committed files still unpublished mean it failed: retry later.
+            if self._unpublished:
+                raise OSError(f"{len(self._unpublished)} committed file(s) could not be published yet")
+
+        return d.addCallback(check)
 
     def _submit(self, item: tuple) -> defer.Deferred:
         return self.worker.submit((item, self.reactor.seconds(), self.fed_end, self.epoch))
@@ -289,7 +297,8 @@ class ParquetSink(SinkBase):
                 {
                     "cursor": cursor,
                     "published": [[tag, bucket, mark] for (tag, bucket), mark in published.items()],
-                    "files": [f.to_dict() for f in sealed],
+                    # files of an earlier commit whose renames are not done yet stay listed
+                    "files": [f.to_dict() for f in [*self._unpublished, *sealed]],
                     "columns": self.writer.column_types.export(),
                 }
             )
@@ -298,8 +307,8 @@ class ParquetSink(SinkBase):
         self.published = published
         self._saved_cursor = cursor
         self._saved_at = now
-        self._unpublished = list(sealed)
-        self.writer.publish(sealed)
+        self._unpublished = [*self._unpublished, *sealed]
+        self.writer.publish(self._unpublished, missing_ok=True)
         self._unpublished = []
         self.commits += 1
         self.files_published += len(sealed)

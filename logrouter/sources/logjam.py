@@ -262,9 +262,17 @@ class LogjamSource(SourceBase):
             now = self.reactor.seconds()
             if self.paused or now >= deadline or now - self.last_received >= quiet:
                 self.receiver.pause()
-                done.callback(None)
+                handed_over()
             else:
                 self.reactor.callLater(min(_STOP_POLL_SECS, quiet), check)
+
+        def handed_over() -> None:
+            # Chunks the thread handed over before the pause are still on their way to
+            # the reactor: they are stored (and replied to) like the rest, not cut off.
+            if self.receiver.handed == 0 or self.reactor.seconds() >= deadline + 1.0:
+                done.callback(None)
+            else:
+                self.reactor.callLater(0.01, handed_over)
 
         check()
         done.addCallback(lambda _: defer.DeferredList(list(self.pending), consumeErrors=True))

@@ -132,6 +132,12 @@ class ZmqReceiver:
         self._paused = False
         self._wake()
 
+    @property
+    def handed(self) -> int:
+        """Chunks delivered (or on their way to the reactor) and not yet ``done()``."""
+        with self._lock:
+            return self._handed
+
     def done(self) -> None:
         """The reactor finished with one delivered chunk: the thread may hand over another."""
         with self._lock:
