@@ -2,12 +2,17 @@
 
 Shows what it would do (partitions, files, bytes, why), and unless ``--dry-run`` runs
 the same job the daemon runs (one process per lake, every chosen partition in one
-Spark session), printing one line per partition as it finishes. The job takes each
-partition's lease itself, so running this next to compacting routers is safe.
+Spark session). Progress (``Progress``): on a terminal one line updated in place
+(``partitions 3/12 · rows 1,234,567 · 45.6 MiB``, carriage returns, a newline only when
+done; failures are printed above it); otherwise, or with ``--verbose`` (Spark's log
+would break the line), one plain line per partition as it finishes. Both end with a
+summary line of totals. The job takes each partition's lease itself, so running this
+next to compacting routers is safe.
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import subprocess
@@ -109,6 +114,83 @@ def _result_line(index: int, total: int, r: dict[str, Any]) -> str:
     return f"{head} ({r.get('reason', '')})"
 
 
+class Progress:
+    """Partitions finished (of ``total``, every lake), rows and input bytes compacted.
+
+    ``live``: one line redrawn in place after a carriage return (a terminal); lines that
+    must stay (failures, the job's exit) are printed above it. Otherwise each
+    partition's plain line as it finishes. ``finish()`` ends either with the totals.
+    """
+
+    def __init__(self, out: TextIO, total: int, live: bool, clock: Any = time.monotonic) -> None:
+        self.out = out
+        self.total = total
+        self.live = live
+        self.clock = clock
+        self.started = clock()
+        self.done = 0
+        self.rows = 0
+        self.bytes = 0
+        self.statuses: collections.Counter[str] = collections.Counter()
+        self._width = 0  # of the live line on screen; 0 when none is
+
+    def status_line(self) -> str:
+        return f"partitions {self.done}/{self.total} · rows {self.rows:,} · {human_bytes(self.bytes)}"
+
+    def show(self) -> None:
+        if self.live:
+            self._draw()
+
+    def add(self, result: dict[str, Any], line: str) -> None:
+        self.done += 1
+        status = str(result.get("status"))
+        self.statuses[status] += 1
+        if status == "compacted":
+            self.rows += int(result.get("rows", 0))
+            self.bytes += int(result.get("bytes_before", 0))
+        if not self.live:
+            print(line, file=self.out, flush=True)
+            return
+        if status == "failed":
+            self.message(line)  # stays, and the live line is drawn again below it
+        else:
+            self._draw()
+
+    def message(self, text: str) -> None:
+        """A line that stays (above the live line, which is drawn again after it)."""
+        if self.live and self._width:
+            self.out.write("\r" + " " * self._width + "\r")
+            self._width = 0
+            print(text, file=self.out, flush=True)
+            self._draw()
+        else:
+            print(text, file=self.out, flush=True)
+
+    def _draw(self) -> None:
+        text = self.status_line()
+        self.out.write("\r" + text + " " * max(0, self._width - len(text)))
+        self.out.flush()
+        self._width = len(text)
+
+    def summary_line(self) -> str:
+        statuses = ", ".join(f"{count} {status}" for status, count in sorted(self.statuses.items()))
+        return (f"done: {self.done}/{self.total} partition(s) ({statuses or 'none finished'}) · rows {self.rows:,} · "
+                f"{human_bytes(self.bytes)} in {self.clock() - self.started:.1f}s")
+
+    def finish(self) -> None:
+        if self.live and self._width:
+            self.out.write("\n")
+            self._width = 0
+        print(self.summary_line(), file=self.out, flush=True)
+
+
+def _isatty(out: TextIO) -> bool:
+    try:
+        return bool(out.isatty())
+    except (AttributeError, ValueError):  # not a real stream, or closed
+        return False
+
+
 def compact(args: Any, out: TextIO = sys.stdout) -> int:
     settings = _settings(args, out)
     if settings is None:
@@ -132,21 +214,29 @@ def compact(args: Any, out: TextIO = sys.stdout) -> int:
     if args.dry_run:
         print("dry run: nothing changed", file=out)
         return 0
+    total = sum(len(candidates) for _, candidates in plans)
+    if not total:
+        return 0
+    progress = Progress(out, total, live=not args.verbose and _isatty(out))
     failed = False
-    for url, candidates in plans:
-        if not candidates:
-            continue
-        failed |= not _run(url, [c.partition.key for c in candidates], options, args, out)
+    try:
+        for url, candidates in plans:
+            if not candidates:
+                continue
+            failed |= not _run(url, [c.partition.key for c in candidates], options, args, out, progress)
+    finally:
+        progress.finish()
     return 1 if failed else 0
 
 
-def _run(url: str, keys: list[str], options: dict[str, Any], args: Any, out: TextIO) -> bool:
+def _run(url: str, keys: list[str], options: dict[str, Any], args: Any, out: TextIO, progress: Progress) -> bool:
     argv = job_command(
         lake=url, partitions=keys, target_file_bytes=options["target_file_bytes"],
         spark_master=options["spark_master"], spark_conf=options["spark_conf"],
         spark_submit=options["spark_submit"], python=sys.executable,
     )
-    print(f"compacting {len(keys)} partition(s) of {url} with Spark ({options['spark_master']}) …", file=out, flush=True)
+    progress.message(f"compacting {len(keys)} partition(s) of {url} with Spark ({options['spark_master']}) …")
+    progress.show()
     ok = True
     with tempfile.TemporaryFile("w+") as log:
         process = subprocess.Popen(
@@ -160,15 +250,15 @@ def _run(url: str, keys: list[str], options: dict[str, Any], args: Any, out: Tex
                 index += 1
                 result = json.loads(line[len(RESULT_PREFIX) :])
                 ok &= result.get("status") != "failed"
-                print(_result_line(index, len(keys), result), file=out, flush=True)
+                progress.add(result, _result_line(index, len(keys), result))
             elif args.verbose:
                 print(line.rstrip("\n"), file=out)
         status = process.wait()
         if status != 0:
             ok = False
-            print(f"the job ended with exit status {status}", file=out)
+            progress.message(f"the job ended with exit status {status}")
             if not args.verbose:
                 log.seek(0)
                 tail = log.read().splitlines()[-30:]
-                print("its last lines:", *("  " + t for t in tail), sep="\n", file=out)
+                progress.message("\n".join(["its last lines:", *("  " + t for t in tail)]))
     return ok
