@@ -25,7 +25,7 @@ def collect(router: Any) -> Iterator[Sample]:
     for source in router.sources.values():
         yield from source.samples()
     yield from router.errors.samples()
-    for component in router.filters.values():
+    for component in getattr(router, "filters", {}).values():
         samples = getattr(component, "samples", None)  # filters that count (throttle, dedupe, …)
         if samples is not None:
             yield from samples()
