@@ -256,3 +256,16 @@ def test_renames_failing_again_at_the_reset_keep_the_committed_files(tmp_path, m
     sink._run([reset(200), record(200, 0, range(20, 25))])
     sink._run([tick(30.0, 300)])
     assert lake_ids(tmp_path) == list(range(25))
+
+
+def test_a_reset_clears_staged_files_left_by_the_failure(tmp_path):
+    sink = make_sink(tmp_path)
+    assert sink._recover() == 0
+    staging = tmp_path / "lake" / "_staging" / "w1"
+    staging.mkdir(parents=True, exist_ok=True)
+    left = staging / "part-w1-cut-by-an-outage.parquet"
+    left.write_bytes(b"PAR1 half a file")
+    sink._run([reset(0), record(0, 0, range(0, 5))])
+    sink._run([tick(30.0, 100)])
+    assert not left.exists()
+    assert lake_ids(tmp_path) == list(range(5))
