@@ -36,12 +36,9 @@ from logrouter import registry
 from logrouter.batch import Batch, Event
 from logrouter.config.options import Option, positive
 from logrouter.serial import SerialWorker
-from logrouter.sinks.base import SINK_OPTIONS, SinkBase
+from logrouter.sinks.base import SINK_OPTIONS
 
-_TICK = "tick"
-_STOP = "stop"
-_ROWS = "rows"
-_RESET = "reset"
+from logrouter.sinks.worker_sink import RESET as _RESET, ROWS as _ROWS, STOP as _STOP, TICK as _TICK, WorkerSink  # noqa: F401
 
 CURSOR_SAVE_SECS = 1.0  # a cursor-only commit (no file open) at most this often
 STAGING = "_staging"
@@ -149,7 +146,7 @@ def _fsync_directory(path: str) -> None:
 
 
 @registry.sink("file")
-class FileSink(SinkBase):
+class FileSink(WorkerSink):
     COUNTERS = {
         "files_published": "JSON lines files published",
         "lines_published": "lines in the files published",
@@ -210,51 +207,9 @@ class FileSink(SinkBase):
         self.queued_bytes += size
         self._submit((_ROWS, batch, position, size))
 
-    def advance(self, end: int) -> None:
-        self.fed_end = end
-
-    def _tick(self) -> None:
-        if not self.worker.busy and not self.failing and not self._stopped:
-            self._submit((_TICK,))
-
-    def stop(self) -> defer.Deferred:
-        self._stopped = True
-        if self.ticker.running:
-            self.ticker.stop()
-        self.cancel_retry()
-        d = self.worker.idle() if self.failing else self._submit((_STOP,))
-        d.addCallback(lambda _: self.worker.stop())
-        return d
-
-    def reset(self) -> defer.Deferred:
-        d = self._submit((_RESET,))
-
-        def check(_: object) -> None:
-            # The reset runs while the sink is failing, so the worker's failure is not
-            # reported; committed files still unpublished mean it failed: retry later.
-            if self._unpublished:
-                raise OSError(f"{len(self._unpublished)} committed file(s) could not be published yet")
-
-        return d.addCallback(check)
-
-    def _submit(self, item: tuple) -> defer.Deferred:
-        return self.worker.submit((item, self.reactor.seconds(), self.fed_end, self.epoch))
-
-    def _done(self, result: tuple[int, int, list]) -> None:
-        freed, cursor, refused = result
-        self.queued_bytes = max(0, self.queued_bytes - freed)
-        self.cursor = max(self.cursor, cursor)
+    def _report_refused(self, refused: list) -> None:
         for tag, record, reason in refused:
             self.errors(self.name, tag, record, reason)
-        self.succeeded()
-        self.on_progress()
-
-    def _failed(self, failure: Any) -> None:
-        if self.failing:
-            return
-        self.queued_bytes = 0
-        self.fail(failure)
-        self.on_progress()
 
     # -- worker thread -----------------------------------------------------------------
 

@@ -33,12 +33,9 @@ from logrouter.lake.partition import PartitionError
 from logrouter.lake.schema import TYPE_NAMES, ColumnTypes
 from logrouter.lake.writer import LakeWriter, SealedFile
 from logrouter.serial import SerialWorker
-from logrouter.sinks.base import SINK_OPTIONS, SinkBase
+from logrouter.sinks.base import SINK_OPTIONS
 
-_TICK = "tick"  # seal what is due, move the cursor
-_STOP = "stop"  # seal and publish everything open
-_ROWS = "rows"
-_RESET = "reset"  # drop open files after a failure, before the spool is replayed
+from logrouter.sinks.worker_sink import RESET as _RESET, ROWS as _ROWS, STOP as _STOP, TICK as _TICK, WorkerSink  # noqa: F401
 
 CURSOR_SAVE_SECS = 1.0  # a cursor-only commit (nothing sealed) at most this often
 MAX_BUFFERED_BYTES = 64 << 20  # rows held in Python before they are encoded anyway
@@ -81,7 +78,7 @@ def _check_codec(value: str) -> None:
 
 
 @registry.sink("parquet")
-class ParquetSink(SinkBase):
+class ParquetSink(WorkerSink):
     COUNTERS = {
         "files_published": "Parquet files published into the lake",
         "rows_published": "rows in the files published",
@@ -123,7 +120,7 @@ class ParquetSink(SinkBase):
         self._saved_cursor = -1
         self._saved_at = float("-inf")
         self._unpublished: list[SealedFile] = []  # committed, renames not finished (a failure hit)
-        self._stopping = False
+        self._stopped = False
 
     def _new_writer(self) -> LakeWriter:
         types = ColumnTypes(self.options["columns"])
@@ -184,52 +181,10 @@ class ParquetSink(SinkBase):
         self.queued_bytes += size
         self._submit((_ROWS, batch, position, size))
 
-    def advance(self, end: int) -> None:
-        self.fed_end = end
-
-    def _tick(self) -> None:
-        if not self.worker.busy and not self.failing:
-            self._submit((_TICK,))
-
-    def stop(self) -> defer.Deferred:
-        self._stopping = True
-        if self.ticker.running:
-            self.ticker.stop()
-        self.cancel_retry()
-        d = self.worker.idle() if self.failing else self._submit((_STOP,))
-        d.addCallback(lambda _: self.worker.stop())
-        return d
-
-    def reset(self) -> defer.Deferred:
-        d = self._submit((_RESET,))
-
-        def check(_: object) -> None:
-            # The reset runs while the sink is failing, so the worker's failure is not
-            # reported; committed files still unpublished mean it failed: retry later.
-            if self._unpublished:
-                raise OSError(f"{len(self._unpublished)} committed file(s) could not be published yet")
-
-        return d.addCallback(check)
-
-    def _submit(self, item: tuple) -> defer.Deferred:
-        return self.worker.submit((item, self.reactor.seconds(), self.fed_end, self.epoch))
-
-    def _done(self, result: tuple[int, int, list]) -> None:
-        freed, cursor, refused = result
-        self.queued_bytes = max(0, self.queued_bytes - freed)
-        self.cursor = max(self.cursor, cursor)
+    def _report_refused(self, refused: list) -> None:
         for tag, reason, events in refused:
             for _, record in events:
                 self.errors(self.name, tag, record, reason)
-        self.succeeded()
-        self.on_progress()
-
-    def _failed(self, failure: Any) -> None:
-        if self.failing:
-            return  # a run queued before the failure was noticed
-        self.queued_bytes = 0
-        self.fail(failure)
-        self.on_progress()
 
     # -- worker thread -----------------------------------------------------------------
 

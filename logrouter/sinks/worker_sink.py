@@ -1,0 +1,80 @@
+"""The reactor half of sinks whose work runs in one worker thread (``parquet``, ``file``).
+
+Such a sink queues items for its ``SerialWorker``: ``(kind, …)`` with the time, how far
+the spool was handed over and the failure epoch. This base owns that queueing and what
+comes back: ``_done`` frees the queued bytes, moves the cursor to what the worker
+committed and reports refused records (``_report_refused``, the subclass's shape);
+``_failed`` hands a failure to ``SinkBase.fail``. ``reset`` (after a failure's backoff)
+fails too while files of a committed record are still unpublished, so the retry comes
+again. A subclass sets ``worker``, ``ticker``, ``fed_end``, ``_unpublished`` and
+``_stopped`` in its constructor and runs the items in the worker thread.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet import defer
+
+from logrouter.sinks.base import SinkBase
+
+TICK = "tick"  # seal what is due, move the cursor
+STOP = "stop"  # seal and publish everything open
+ROWS = "rows"
+RESET = "reset"  # drop open files after a failure, before the spool is replayed
+
+
+class WorkerSink(SinkBase):
+    worker: Any
+    ticker: Any
+    fed_end: int
+    _unpublished: list
+    _stopped: bool
+
+    def advance(self, end: int) -> None:
+        self.fed_end = end
+
+    def _tick(self) -> None:
+        if not self.worker.busy and not self.failing and not self._stopped:
+            self._submit((TICK,))
+
+    def stop(self) -> defer.Deferred:
+        self._stopped = True
+        if self.ticker.running:
+            self.ticker.stop()
+        self.cancel_retry()
+        d = self.worker.idle() if self.failing else self._submit((STOP,))
+        d.addCallback(lambda _: self.worker.stop())
+        return d
+
+    def reset(self) -> defer.Deferred:
+        d = self._submit((RESET,))
+
+        def check(_: object) -> None:
+            # The reset runs while the sink is failing, so the worker's failure is not
+            # reported; committed files still unpublished mean it failed: retry later.
+            if self._unpublished:
+                raise OSError(f"{len(self._unpublished)} committed file(s) could not be published yet")
+
+        return d.addCallback(check)
+
+    def _submit(self, item: tuple) -> defer.Deferred:
+        return self.worker.submit((item, self.reactor.seconds(), self.fed_end, self.epoch))
+
+    def _done(self, result: tuple[int, int, list]) -> None:
+        freed, cursor, refused = result
+        self.queued_bytes = max(0, self.queued_bytes - freed)
+        self.cursor = max(self.cursor, cursor)
+        self._report_refused(refused)
+        self.succeeded()
+        self.on_progress()
+
+    def _report_refused(self, refused: list) -> None:
+        raise NotImplementedError
+
+    def _failed(self, failure: Any) -> None:
+        if self.failing:
+            return  # a run queued before the failure was noticed
+        self.queued_bytes = 0
+        self.fail(failure)
+        self.on_progress()
