@@ -205,10 +205,13 @@ def launch(workdir: Path, config_text: str, source: str) -> tuple[subprocess.Pop
 
 
 def peak_rss_mb(pid: int) -> float:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:  # gone meanwhile
+        pass
     return float("nan")
 
 
@@ -222,12 +225,60 @@ def fsyncs(metrics_port: int) -> float:
     return float("nan")
 
 
-class Run:
-    """What one measured run of a daemon gave: throughput inputs, fsyncs, memory, the stop."""
+def tree_pids(pid: int) -> list[int]:
+    """``pid`` and its live descendants (a supervisor's workers)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo.extend(children.get(current, ()))
+    return found
 
-    def __init__(self, elapsed: float, fsyncs: float, rss_mb: float, exit_code: int, stop_secs: float, rows: int):
+
+def tree_cpu_secs(pid: int) -> float:
+    """CPU seconds (user + system) used so far by ``pid``, its live descendants and the
+    descendants they have reaped."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for each in tree_pids(pid):
+        try:
+            with open(f"/proc/{each}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += sum(int(x) for x in fields[11:15])  # utime stime cutime cstime
+    return total / ticks
+
+
+def tree_peak_rss_mb(pid: int) -> float:
+    """The largest peak RSS (VmHWM) of ``pid`` and its descendants: per process, not summed."""
+    peaks = [peak_rss_mb(each) for each in tree_pids(pid)]
+    return max((p for p in peaks if p == p), default=float("nan"))
+
+
+class Run:
+    """What one measured run of a daemon gave: throughput inputs, fsyncs, memory, the stop,
+    and the daemon's CPU seconds from the start of the load to the end of its stop."""
+
+    def __init__(self, elapsed: float, fsyncs: float, rss_mb: float, exit_code: int, stop_secs: float, rows: int,
+                 cpu_secs: float = float("nan")):
         self.elapsed, self.fsyncs, self.rss_mb = elapsed, fsyncs, rss_mb
         self.exit_code, self.stop_secs, self.rows = exit_code, stop_secs, rows
+        self.cpu_secs = cpu_secs
+
+    def cpu_line(self, events: int) -> str:
+        per_million = self.cpu_secs / events * 1e6 if events else float("nan")
+        return (f"  daemon CPU {self.cpu_secs:,.1f} s for the load and the stop = "
+                f"{per_million:,.1f} CPU s per million events")
 
     @property
     def clean_stop(self) -> bool:
@@ -237,15 +288,23 @@ class Run:
 def measure(workdir: Path, proc: subprocess.Popen, metrics_port: int, drive_load) -> Run:
     """Run ``drive_load()`` (it returns the seconds it drove), then stop the daemon with
     SIGTERM, and count the rows its lake holds."""
+    import resource
+
     try:
         fsyncs_before = fsyncs(metrics_port)
+        cpu_at_start = tree_cpu_secs(proc.pid)  # the start-up (imports, recovery) is not the load's
         elapsed = drive_load()
         fsync_count = fsyncs(metrics_port) - fsyncs_before
-        rss = peak_rss_mb(proc.pid)
+        rss = tree_peak_rss_mb(proc.pid)
         stop_start = time.monotonic()
+        children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(120)
         stop_secs = time.monotonic() - stop_start
+        # the reaped daemon's whole life (with the workers it reaped), less its start-up
+        children_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu_secs = (children_after.ru_utime - children_before.ru_utime
+                    + children_after.ru_stime - children_before.ru_stime) - cpu_at_start
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -253,7 +312,7 @@ def measure(workdir: Path, proc: subprocess.Popen, metrics_port: int, drive_load
     import pyarrow.dataset as ds
 
     rows = ds.dataset(str(workdir / "lake"), partitioning="hive").count_rows()
-    return Run(elapsed, fsync_count, rss, code, stop_secs, rows)
+    return Run(elapsed, fsync_count, rss, code, stop_secs, rows, cpu_secs)
 
 
 def main() -> None:
@@ -295,6 +354,7 @@ def main() -> None:
         print(f"  {fsync_count / elapsed:,.1f} fsyncs/s, peak RSS {rss:,.0f} MiB, graceful stop {stop_secs:.1f}s (exit {code})")
         print(f"  {rows / (elapsed + stop_secs):,.0f} events/s end to end into Parquet "
               f"(all rows committed by the end of the graceful stop)")
+        print(run.cpu_line(rows))
         print(f"  lake rows {rows:,} ({'matches' if rows == stats.acked_events else 'MISMATCH with'} acked events)")
         if rows != stats.acked_events or not run.clean_stop:
             sys.stdout.write("".join(lines[-40:]))
