@@ -70,10 +70,13 @@ class Stats:
 
 async def connection(host: str, port: int, conn_id: int, message: bytes, id_offset: int, events: int,
                      window: int, deadline: float, stats: Stats, tls: ssl.SSLContext | None = None) -> None:
+    # Each connection from its own loopback address, like senders on different hosts:
+    # with [router] workers the supervisor spreads connections by peer address.
+    local = (f"127.0.0.{2 + conn_id % 250}", 0) if host == "127.0.0.1" else None
     if tls is None:
-        reader, writer = await asyncio.open_connection(host, port)
+        reader, writer = await asyncio.open_connection(host, port, local_addr=local)
     else:
-        reader, writer = await asyncio.open_connection(host, port, ssl=tls, server_hostname="localhost")
+        reader, writer = await asyncio.open_connection(host, port, ssl=tls, server_hostname="localhost", local_addr=local)
     unpacker = msgpack.Unpacker(raw=True)
     in_flight: set[bytes] = set()
     sent = 0
@@ -155,12 +158,14 @@ def client_context(cert: Path) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=str(cert))
 
 
-def source_to_lake(name: str, source_type: str, durability: str, listen: str = "tcp:0:interface=127.0.0.1", **source: str) -> str:
+def source_to_lake(name: str, source_type: str, durability: str, listen: str = "tcp:0:interface=127.0.0.1",
+                   workers: int = 1, **source: str) -> str:
     """The benchmarks' config: one source straight into a parquet lake, metrics on."""
     extra = "".join(f"{key} = {json.dumps(value)}\n" for key, value in source.items())
     return f"""
 [router]
 metrics_listen = "tcp:0:interface=127.0.0.1"
+workers = {workers}
 [spool]
 path = "spool"
 durability = "{durability}"
@@ -174,8 +179,9 @@ path = "lake"
 """
 
 
-def start_daemon(workdir: Path, durability: str, listen: str = "tcp:0:interface=127.0.0.1") -> tuple[subprocess.Popen, int, int, list[str]]:
-    return launch(workdir, source_to_lake("forward", "fluent_forward", durability, listen), "forward")
+def start_daemon(workdir: Path, durability: str, listen: str = "tcp:0:interface=127.0.0.1",
+                 workers: int = 1) -> tuple[subprocess.Popen, int, int, list[str]]:
+    return launch(workdir, source_to_lake("forward", "fluent_forward", durability, listen, workers), "forward")
 
 
 def launch(workdir: Path, config_text: str, source: str) -> tuple[subprocess.Popen, int, int, list[str]]:
@@ -326,6 +332,7 @@ def main() -> None:
                         help="gzip: CompressedPackedForward (default: plain PackedForward)")
     parser.add_argument("--tls", action="store_true", help="listen on ssl: with a throwaway self-signed certificate")
     parser.add_argument("--port", type=int, help="drive a running daemon on 127.0.0.1:PORT instead")
+    parser.add_argument("--workers", type=int, default=1, help="[router] workers of the daemon")
     args = parser.parse_args()
     stats = Stats()
     if args.port:
@@ -343,12 +350,12 @@ def main() -> None:
             escape = lambda path: str(path).replace(":", r"\:")  # noqa: E731 - endpoint strings split on ':'
             listen = f"ssl:0:privateKey={escape(key)}:certKey={escape(cert)}:interface=127.0.0.1"
             context = client_context(cert)
-        proc, port, metrics_port, lines = start_daemon(workdir, args.durability, listen)
+        proc, port, metrics_port, lines = start_daemon(workdir, args.durability, listen, args.workers)
         run = measure(workdir, proc, metrics_port, lambda: asyncio.run(drive("127.0.0.1", port, args, stats, context)))
         elapsed, fsync_count, rss, code, stop_secs, rows = (
             run.elapsed, run.fsyncs, run.rss_mb, run.exit_code, run.stop_secs, run.rows)
         variant = (f" compress={args.compress}" if args.compress != "text" else "") + (" tls=on" if args.tls else "")
-        print(f"durability={args.durability} connections={args.connections} window={args.window} "
+        print(f"workers={args.workers} durability={args.durability} connections={args.connections} window={args.window} "
               f"events/chunk={args.events_per_chunk}{variant}")
         print(f"  {stats.acked_events / elapsed:,.0f} events/s acked ({stats.acked_events:,} events in {elapsed:.1f}s)")
         print(f"  {fsync_count / elapsed:,.1f} fsyncs/s, peak RSS {rss:,.0f} MiB, graceful stop {stop_secs:.1f}s (exit {code})")

@@ -125,7 +125,8 @@ class SinkFeed:
 class Router:
     log = Logger(namespace="logrouter.router")
 
-    def __init__(self, config: Config, reactor: Any) -> None:
+    def __init__(self, config: Config, reactor: Any, *, worker: int = 0, passed: Any = None) -> None:
+        """``worker`` and ``passed``: see ``SourceContext`` (set in a worker process)."""
         self.config = config
         self.reactor = reactor
         self.errors = RoutedErrors(self, reactor)
@@ -137,7 +138,8 @@ class Router:
         self.sinks = {name: c.cls(name, c.options, self.errors, reactor) for name, c in config.sinks.items()}
         self.filters = {name: c.cls(name, c.options, self.errors) for name, c in config.filters.items()}
         self.source_context = SourceContext(
-            router=self, reactor=reactor, errors=self.errors, state_dir=os.path.join(spool["path"], "sources")
+            router=self, reactor=reactor, errors=self.errors, state_dir=os.path.join(spool["path"], "sources"),
+            worker=worker, passed=passed,
         )
         # Sources are used only through the contract of logrouter.sources.base.Source.
         self.sources: dict[str, Source] = {

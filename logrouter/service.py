@@ -17,6 +17,7 @@ from logrouter.router import Router
 class RouterService(service.Service):
     log = Logger(namespace="logrouter")
     name = "logrouter"
+    RUNNING = "logrouter running"  # what scripts and tests wait for
 
     def __init__(self, config: Config, reactor: Any = None, config_path: str | None = None) -> None:
         if reactor is None:
@@ -26,6 +27,7 @@ class RouterService(service.Service):
         self.reactor = reactor
         self.config = config
         self.config_path = config_path  # re-read on SIGHUP and POST /reload; None = no reload
+        self.config_transform: Any = None  # applied to each config read (a worker derives its own)
         self.router: Router | None = None
         self.compaction: Any = None  # a CompactionService when [compaction] enabled = true
         self._started: defer.Deferred | None = None
@@ -36,39 +38,18 @@ class RouterService(service.Service):
 
         for warning in warnings(self.config):
             self.log.warn("config: {warning}", warning=warning)
-        self._quiet_repeated_stops()
-        self.router = Router(self.config, self.reactor)
+        quiet_repeated_stops(self.reactor, self.log)
+        self.router = self.build_router()
         self.router.reload_hook = self.reload  # POST /reload on the metrics endpoint
         self._install_sighup()
         self._started = self.router.start()
         self._started.addCallbacks(self._running, self._failed)
 
-    def _quiet_repeated_stops(self) -> None:
-        """A second SIGTERM or SIGINT while the first stop drains (``make`` forwards one on
-        Ctrl-C, 10-50 ms after the terminal's) makes the reactor's signal handler call
-        ``stop`` again, which raises ``ReactorNotRunning`` and logs a critical traceback.
-        The stop under way goes on; say so in one line instead."""
-        reactor = self.reactor
-        stop = reactor.stop
-
-        def stop_once() -> None:
-            try:
-                stop()
-            except error.ReactorNotRunning:
-                self.log.info("already stopping: the stop under way goes on")
-
-        reactor.stop = stop_once
+    def build_router(self) -> Router:
+        return Router(self.config, self.reactor)
 
     def _install_sighup(self) -> None:
-        """SIGHUP reloads the config file (the reactor handles SIGTERM/SIGINT only)."""
-        import signal
-        import threading
-
-        if self.config_path is None or threading.current_thread() is not threading.main_thread():
-            return
-        if not hasattr(self.reactor, "callFromThread"):
-            return
-        signal.signal(signal.SIGHUP, lambda number, frame: self.reactor.callFromThread(self.reload))
+        install_sighup(self.reactor, self.reload if self.config_path is not None else None)
 
     def reload(self) -> defer.Deferred:
         """Re-read the config file and apply the difference to the running graph.
@@ -83,6 +64,8 @@ class RouterService(service.Service):
         self.log.info("reloading the config from {path}", path=self.config_path)
         try:
             new = load_file(self.config_path)
+            if self.config_transform is not None:
+                new = self.config_transform(new)
         except ConfigError as e:
             for error in e.errors:
                 self.log.error("reload refused: {error}", error=error)
@@ -102,16 +85,10 @@ class RouterService(service.Service):
         return d.addCallbacks(applied, failed)
 
     def _running(self, _: Any) -> None:
-        self.log.info("logrouter running")
-        if self.config.compaction.get("enabled"):
-            from logrouter.compaction.options import lake_urls
-            from logrouter.compaction.scheduler import CompactionService
-
-            self.compaction = CompactionService(
-                self.config.compaction, lake_urls(self.config.compaction, self.config.sinks), self.reactor
-            )
+        self.log.info(self.RUNNING)
+        self.compaction = start_compaction(self.config, self.reactor)
+        if self.compaction is not None:
             self.router.compaction = self.compaction  # type: ignore[union-attr]  # read by metrics
-            self.compaction.startService()
 
     def _failed(self, failure: Any) -> None:
         self.log.critical("logrouter could not start: {error}", error=failure.getErrorMessage())
@@ -144,6 +121,46 @@ class RouterService(service.Service):
             "uncommitted work is replayed from the spool at the next start",
             limit=limit,
         )
+
+
+def start_compaction(config: Config, reactor: Any) -> Any:
+    """The running CompactionService when ``[compaction] enabled``, else None."""
+    if not config.compaction.get("enabled"):
+        return None
+    from logrouter.compaction.options import lake_urls
+    from logrouter.compaction.scheduler import CompactionService
+
+    compaction = CompactionService(config.compaction, lake_urls(config.compaction, config.sinks), reactor)
+    compaction.startService()
+    return compaction
+
+
+def quiet_repeated_stops(reactor: Any, log: Logger) -> None:
+    """A second SIGTERM or SIGINT while the first stop drains (``make`` forwards one on
+    Ctrl-C, 10-50 ms after the terminal's) makes the reactor's signal handler call
+    ``stop`` again, which raises ``ReactorNotRunning`` and logs a critical traceback.
+    The stop under way goes on; say so in one line instead."""
+    stop = reactor.stop
+
+    def stop_once() -> None:
+        try:
+            stop()
+        except error.ReactorNotRunning:
+            log.info("already stopping: the stop under way goes on")
+
+    reactor.stop = stop_once
+
+
+def install_sighup(reactor: Any, reload: Any) -> None:
+    """SIGHUP calls ``reload`` on the reactor (the reactor handles SIGTERM/SIGINT only)."""
+    import signal
+    import threading
+
+    if reload is None or threading.current_thread() is not threading.main_thread():
+        return
+    if not hasattr(reactor, "callFromThread"):
+        return
+    signal.signal(signal.SIGHUP, lambda number, frame: reactor.callFromThread(reload))
 
 
 def _exit_failed() -> None:

@@ -30,4 +30,10 @@ def makeService(options: Options):
         for error in e.errors:
             print(f"  {error}", file=sys.stderr)
         raise SystemExit(1)
+    from logrouter.workers.plan import processes
+
+    if processes(config) > 1:
+        from logrouter.workers.supervisor import SupervisorService
+
+        return SupervisorService(config, config_path=os.path.abspath(options["config"]))
     return RouterService(config, config_path=os.path.abspath(options["config"]))

@@ -192,6 +192,23 @@ def server_endpoint(reactor: Any, description: str, client_certs: str = "none", 
     """
     if client_certs == "none":
         return endpoints.serverFromString(reactor, description)
+    port, context, interface, backlog = _ssl_server_parts(description, client_certs, ca_file)
+    return endpoints.SSL4ServerEndpoint(reactor, port, context, backlog=backlog, interface=interface)
+
+
+def server_context(description: str, client_certs: str = "none", ca_file: str | None = None) -> Any:
+    """The TLS context an ``ssl:`` listener of ``description`` would use (None for other
+    kinds): for a connection accepted elsewhere and handed over (``[router] workers``)."""
+    if endpoint_kind(description) != "ssl":
+        return None
+    if client_certs == "none":
+        _, args, _ = endpoints._parseServer(description, None)
+        return args[1]  # (port, context factory) as serverFromString builds them
+    return _ssl_server_parts(description, client_certs, ca_file)[1]
+
+
+def _ssl_server_parts(description: str, client_certs: str, ca_file: str | None) -> tuple[int, Any, str, int]:
+    """``(port, context, interface, backlog)`` of an ``ssl:`` endpoint that asks for client certificates."""
     args, kwargs = endpoints._parse(description)
     if not args or str(args[0]).lower() != "ssl":
         raise ValueError(f"client certificates need an ssl: endpoint, got {description!r}")
@@ -213,7 +230,7 @@ def server_endpoint(reactor: Any, description: str, client_certs: str = "none", 
     backlog = int(kwargs.pop("backlog", 50))
     if kwargs:
         raise ValueError(f"unknown ssl endpoint option(s) {', '.join(sorted(kwargs))} in {description!r}")
-    return endpoints.SSL4ServerEndpoint(reactor, int(port), context, backlog=backlog, interface=interface)
+    return int(port), context, interface, backlog
 
 
 def check_server_endpoint(description: str, client_certs: str, ca_file: str | None) -> None:

@@ -41,6 +41,10 @@ ROUTER_OPTIONS: dict[str, Option] = {
     "metrics_listen": Option(
         str, "", "endpoint serving Prometheus `/metrics` and `/health` (empty = off)", endpoints.check_optional
     ),
+    "workers": Option(
+        int, 1, "router processes: above 1, a supervisor hands each TCP/TLS connection to one of this many workers "
+        "(each with its own spool); see Workers", positive
+    ),
     "shutdown_timeout_secs": Option(
         (int, float), 30, "how long a graceful stop may take to drain and commit (0 = no limit); past it the process stops "
         "anyway and uncommitted work is replayed from the spool at the next start", non_negative
@@ -182,6 +186,9 @@ def validate(raw: dict[str, Any]) -> Config:
     _check_listeners(components["sources"], errors)
     compaction = _check_table("compaction", raw.get("compaction", {}), COMPACTION_OPTIONS, errors)
     check_compaction(compaction, components["sinks"], errors)
+    from logrouter.workers.plan import check as check_workers
+
+    errors.extend(check_workers(components["sources"], components["sinks"], router.get("workers", 1)))
     if errors:
         raise ConfigError(errors)
     return Config(router, spool, components["sources"], components["filters"], components["sinks"], compaction)

@@ -147,6 +147,7 @@ def _fsync_directory(path: str) -> None:
 
 @registry.sink("file")
 class FileSink(WorkerSink):
+    WRITER_OPTION = "prefix"
     COUNTERS = {
         "files_published": "JSON lines files published",
         "lines_published": "lines in the files published",

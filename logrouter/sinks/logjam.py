@@ -220,6 +220,8 @@ class _Record:
 
 @registry.sink("logjam")
 class LogjamSink(SinkBase):
+    # Its PUB socket binds, and importers track one device's sequence numbers.
+    SINGLE_PROCESS = "a logjam sink is one device with one bound PUB socket"
     COUNTERS = {
         "messages_sent": "data messages handed to the PUB socket",
         "heartbeats_sent": "heartbeat messages handed to the PUB socket",

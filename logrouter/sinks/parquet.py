@@ -79,6 +79,8 @@ def _check_codec(value: str) -> None:
 
 @registry.sink("parquet")
 class ParquetSink(WorkerSink):
+    WRITER_OPTION = "writer_id"
+    default_writer = staticmethod(_default_writer_id)
     COUNTERS = {
         "files_published": "Parquet files published into the lake",
         "rows_published": "rows in the files published",

@@ -25,6 +25,22 @@ RESET = "reset"  # drop open files after a failure, before the spool is replayed
 
 
 class WorkerSink(SinkBase):
+    # The option that makes this sink's file names unique per writer; with several
+    # worker processes each worker but the first gets "-w<index>" added to it.
+    WRITER_OPTION = ""
+
+    @classmethod
+    def default_writer(cls, name: str) -> str:
+        """What ``WRITER_OPTION`` means when it is left empty."""
+        return name
+
+    @classmethod
+    def worker_options(cls, name: str, options: dict[str, Any], index: int) -> dict[str, Any]:
+        if index == 0 or not cls.WRITER_OPTION:
+            return options  # worker 0 goes on with the files of a single-process router
+        own = options.get(cls.WRITER_OPTION) or cls.default_writer(name)
+        return {**options, cls.WRITER_OPTION: f"{own}-w{index}"}
+
     worker: Any
     ticker: Any
     fed_end: int

@@ -42,6 +42,11 @@ def _run_in_thread(function: Callable[..., Any], *args: Any, **kwargs: Any) -> d
 class SourceContext:
     """What a source may use of the process around it; the router builds one per router.
 
+    ``worker`` and ``passed`` are set by a worker process (``logrouter.workers``): a
+    stream source whose connections the supervisor accepts takes them from ``passed``
+    instead of listening, and a source's side listener (the forward UDP heartbeat) runs
+    in worker 0 only.
+
     ``router`` is what batches are handed to (``ingest(batch, key, writer=…)``,
     ``last_event_number(source, writer)``, ``config``). ``run_in_thread(f, *args)``
     runs blocking work off the reactor and returns a Deferred. ``errors`` is the error
@@ -54,6 +59,10 @@ class SourceContext:
     errors: ErrorPath
     state_dir: str
     run_in_thread: Callable[..., defer.Deferred] = field(default=_run_in_thread)
+    # With [router] workers: this process's worker index, and where the connections the
+    # supervisor accepted for shared sources come from (None in a single process).
+    worker: int = 0
+    passed: Any = None
 
     def state_path(self, source_name: str) -> str:
         """The state directory of one source (not created: a source that keeps state does that)."""

@@ -407,6 +407,8 @@ class FluentForwardSource(StreamSource):
             return
         if not isinstance(address, (IPv4Address, IPv6Address)) or address.type != "TCP":
             return  # unix sockets and the like have no UDP twin
+        if getattr(self.context, "worker", 0) != 0:
+            return  # with several workers, worker 0 answers the port's heartbeats
         try:
             self.udp_port = self.reactor.listenUDP(address.port, HeartbeatProtocol(self), interface=address.host)
         except error.CannotListenError:

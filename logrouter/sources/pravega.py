@@ -203,6 +203,7 @@ class PravegaProtocol(AckingConnection, StreamProtocol):
 
 @registry.source("pravega")
 class PravegaSource(AckingSource, StreamSource):
+    SHAREABLE = False  # its controller and stream registry belong to one process
     protocol_class = PravegaProtocol
     log = Logger(namespace="logrouter.source.pravega")
     COUNTERS = {

@@ -173,6 +173,11 @@ def peer_address(transport: Any) -> str | None:
     host = getattr(transport.getPeer(), "host", None)
     if not isinstance(host, str) or not host:
         return None
+    return normal_ip(host)
+
+
+def normal_ip(host: str) -> str:
+    """An IP address as the per-peer caps and the workers' choice know it."""
     try:
         address = ipaddress.ip_address(host.split("%", 1)[0])
     except ValueError:
@@ -626,6 +631,9 @@ class StreamSource:
     """A listening source: its options, its port and its open connections."""
 
     protocol_class: type[StreamProtocol] = StreamProtocol
+    # With [router] workers, whether the supervisor may accept this source's connections
+    # and hand each to a worker (see logrouter.workers.plan).
+    SHAREABLE = True
     OPTIONS: dict[str, Option] = {"listen": listen_option(None), **STREAM_OPTIONS, **TLS_OPTIONS}
     # Older names of ssl_client_authentication a source still accepts, as
     # {key: {value: the mode it stands for}}; other values of the key say nothing
@@ -712,7 +720,21 @@ class StreamSource:
     def port_opened(self, port: Any) -> None:
         """Called once the main port listens, before it is announced; may raise to fail the start."""
 
+    def passed_factory(self) -> protocol.Factory:
+        """The factory for connections accepted by the supervisor: TLS is done here, in
+        the worker, as the ``ssl:`` listener would have."""
+        from twisted.protocols.tls import TLSMemoryBIOFactory
+
+        mode = self.client_authentication(self.options)[0]
+        context = tls.server_context(self.options["listen"], mode, self.options.get("ca_file") or None)
+        factory = self.factory()
+        return factory if context is None else TLSMemoryBIOFactory(context, False, factory)
+
     def start(self) -> defer.Deferred:
+        passed = getattr(self.context, "passed", None)  # test stand-ins may lack it
+        port = passed.take(self.name, self.passed_factory) if passed is not None else None
+        if port is not None:
+            return defer.maybeDeferred(self._taking_passed, port)
         endpoint = self.endpoint()
         d = endpoint.listen(self.factory())
 
@@ -729,6 +751,15 @@ class StreamSource:
             )
 
         return d.addCallback(listening)
+
+    def _taking_passed(self, port: Any) -> None:
+        self.port = port
+        self.port_opened(port)
+        address = port.getHost()
+        self.log.info(
+            "{type} source {name} takes the connections the supervisor accepts on {host} port {port}",
+            type=self.TYPE, name=self.name, host=address.host, port=address.port,
+        )
 
     def stop(self) -> defer.Deferred:
         """Stop accepting; read what connections already delivered; let stored batches get

@@ -1,0 +1,60 @@
+"""The supervisor's ``/metrics``: every worker's samples, summed, and each with its worker.
+
+Each worker renders its own page (``logrouter.metrics.render``); this module parses those
+pages and writes one: for every metric the sum over the workers under the labels the
+workers use (what a dashboard built for one process keeps reading), then the same
+samples per worker with a ``worker`` label added. Pure text work, no Twisted.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from logrouter.metrics import Sample, render_samples
+
+
+def parse(text: str) -> Iterator[tuple[str, str, str, float]]:
+    """``(metric, type, label text, value)`` of each sample of a page in our own format."""
+    kinds: dict[str, str] = {}
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            parts = line.split()
+            if len(parts) == 4:
+                kinds[parts[2]] = parts[3]
+            continue
+        if not line or line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        try:
+            number = float(value)
+        except ValueError:
+            continue
+        if head.endswith("}") and "{" in head:
+            metric, _, labels = head[:-1].partition("{")
+        else:
+            metric, labels = head, ""
+        yield metric, kinds.get(metric, "untyped"), labels, number
+
+
+def merge(pages: dict[int, str], own: list[Sample] = ()) -> str:  # type: ignore[assignment]
+    """One page from the workers' ``pages`` (by worker index) and the supervisor's ``own`` samples."""
+    families: dict[str, tuple[str, dict[str, float], list[str]]] = {}
+    for index in sorted(pages):
+        for metric, kind, labels, value in parse(pages[index]):
+            family = families.get(metric)
+            if family is None:
+                family = families[metric] = (kind, {}, [])
+            family[1][labels] = family[1].get(labels, 0.0) + value
+            tagged = f'{labels},worker="{index}"' if labels else f'worker="{index}"'
+            family[2].append(f"{metric}{{{tagged}}} {_number(value)}")
+    lines: list[str] = []
+    for metric, (kind, sums, per_worker) in families.items():
+        lines.append(f"# TYPE {metric} {kind}")
+        lines.extend(f"{metric}{{{labels}}} {_number(v)}" if labels else f"{metric} {_number(v)}" for labels, v in sums.items())
+        lines.extend(per_worker)
+    text = "\n".join(lines) + "\n" if lines else ""
+    return text + (render_samples(iter(own)) if own else "")
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if value.is_integer() and abs(value) < 2**53 else repr(value)

@@ -1,0 +1,112 @@
+"""What each worker process runs: its config, derived from the one config file.
+
+Pure functions, no Twisted: the supervisor and the workers both call them, and a reload
+in a worker derives its config again the same way.
+
+- A *shared* source is a stream source listening on TCP or TLS (``tcp:``/``ssl:``):
+  the supervisor binds it and passes each accepted connection to one worker. Every other
+  source (a ZeroMQ subscriber, a Pravega source with its controller, a unix socket) runs
+  in worker 0 only, listening or connecting by itself.
+- Worker ``i`` keeps its spool in ``<spool.path>`` for ``i = 0`` (so a router that goes
+  from one process to several keeps its backlog) and in ``<spool.path>/worker-<i>``
+  otherwise; sinks that name their files (parquet ``writer_id``, file ``prefix``) get
+  ``-w<i>`` added so two workers never write the same file.
+- Compaction and the metrics endpoint run in the supervisor only (it asks each worker
+  for its metrics over the channel).
+- A connection goes to worker ``crc32(peer IP) % N``: the same client always lands on
+  the same worker, so a batch it resends after a reconnect meets the dedupe window of
+  the worker that stored it.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import zlib
+from typing import Any
+
+from logrouter.config.endpoints import listen_address
+
+WORKER_DIR = re.compile(r"^worker-([1-9][0-9]*)$")
+
+
+def is_shared(component: Any) -> bool:
+    """Whether the supervisor accepts this source's connections and hands them out."""
+    if component.kind != "sources" or not getattr(component.cls, "SHAREABLE", False):
+        return False
+    listen = component.options.get("listen")
+    if not isinstance(listen, str):
+        return False
+    try:
+        return listen_address(listen) is not None
+    except ValueError:
+        return False
+
+
+def shared_sources(config: Any) -> list[str]:
+    return [name for name, component in config.sources.items() if is_shared(component)]
+
+
+def worker_for(host: str | None, count: int) -> int:
+    """The worker a peer's connections go to: stable across restarts (not Python's hash)."""
+    if count <= 1 or not host:
+        return 0
+    return zlib.crc32(host.encode("utf-8", "surrogateescape")) % count
+
+
+def spool_path(base: str, index: int) -> str:
+    return base if index == 0 else os.path.join(base, f"worker-{index}")
+
+
+def leftover_workers(base: str) -> int:
+    """One more than the highest worker index with a spool directory under ``base``
+    (0 when there is none): a router run before with more workers left their spools,
+    whose backlog still has to reach the sinks."""
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return 0
+    found = [int(m.group(1)) for m in map(WORKER_DIR.match, names) if m and os.path.isdir(os.path.join(base, m.group(0)))]
+    return max(found, default=-1) + 1
+
+
+def processes(config: Any) -> int:
+    """How many worker processes to run: ``workers``, or more to drain the spools left by
+    a larger ``workers`` before (those extra workers get no connections)."""
+    return max(int(config.router["workers"]), leftover_workers(config.spool["path"]))
+
+
+def worker_config(config: Any, index: int, count: int) -> Any:
+    """The config worker ``index`` of ``count`` runs (a copy; ``config`` is unchanged)."""
+    derived = copy.deepcopy(config)
+    derived.router["workers"] = 1
+    derived.router["metrics_listen"] = ""
+    derived.spool["path"] = spool_path(config.spool["path"], index)
+    if index != 0:
+        derived.sources = {name: c for name, c in derived.sources.items() if is_shared(c)}
+    for sink in derived.sinks.values():
+        adjust = getattr(sink.cls, "worker_options", None)
+        if adjust is not None:
+            sink.options = adjust(sink.name, sink.options, index)
+    derived.compaction["enabled"] = False
+    return derived
+
+
+def check(sources: dict[str, Any], sinks: dict[str, Any], workers: int) -> list[str]:
+    """Config errors (``path: message``) that only ``workers`` above 1 makes."""
+    if workers <= 1:
+        return []
+    errors = []
+    for component in sources.values():
+        listen = component.options.get("listen")
+        if isinstance(listen, str) and listen.strip().lower().startswith("systemd:"):
+            errors.append(
+                f"{component.path}.listen: systemd socket activation passes the socket to one process; "
+                "it needs [router] workers = 1"
+            )
+    for component in sinks.values():
+        reason = getattr(component.cls, "SINGLE_PROCESS", None)
+        if reason:
+            errors.append(f"{component.path}: {reason}; it needs [router] workers = 1")
+    return errors

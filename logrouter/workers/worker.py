@@ -1,0 +1,135 @@
+"""A worker process: one whole router, started by the supervisor, talking over its channel.
+
+``python -m logrouter.workers.worker --config PATH --index I --count N --channel-fd FD
+--parent PID --shared JSON`` (the supervisor builds the command line). The worker reads
+the config file itself and runs what ``plan.worker_config`` derives from it (also on each
+reload). Connections of shared sources come over the channel; everything else (its
+spool, its sinks, worker 0's unshared sources) is the worker's own.
+
+The kernel kills a worker whose supervisor dies (``PR_SET_PDEATHSIG``): a supervisor
+killed with ``kill -9`` cannot leave workers behind on the spool directories a restarted
+supervisor's new workers open. Everything acknowledged is in the spool by then.
+Log lines go to stdout as ``[namespace#level] text``; the supervisor relays them into
+its own log with the worker's name.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import sys
+from typing import Any
+
+from twisted.logger import FileLogObserver, Logger, formatEvent, globalLogBeginner
+
+from logrouter.config.load import ConfigError, load_file
+from logrouter.service import RouterService
+from logrouter.workers.channel import Channel, PassedConnections
+from logrouter.workers.plan import worker_config
+
+
+def die_with_parent(parent: int) -> None:
+    """Ask the kernel to SIGKILL this process when the supervisor dies, and exit at once
+    if that already happened (between the fork and now)."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux: a dead supervisor's closed channel stops the worker instead
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+class WorkerService(RouterService):
+    """The router of one worker, and its end of the channel."""
+
+    log = Logger(namespace="logrouter.worker")
+    RUNNING = "worker running"  # the supervisor says "logrouter running" once all are
+
+    def __init__(self, config: Any, reactor: Any, config_path: str, index: int, count: int,
+                 passed: PassedConnections, channel_socket: socket.socket) -> None:
+        super().__init__(config, reactor, config_path)
+        self.index = index
+        self.config_transform = lambda loaded: worker_config(loaded, index, count)
+        self.passed = passed
+        self.channel = Channel(reactor, channel_socket, self._message, self._supervisor_gone)
+
+    def build_router(self) -> Any:
+        from logrouter.router import Router
+
+        return Router(self.config, self.reactor, worker=self.index, passed=self.passed)
+
+    def _install_sighup(self) -> None:
+        pass  # the supervisor asks for reloads over the channel; SIGHUP goes to it
+
+    def _running(self, result: Any) -> None:
+        super()._running(result)
+        self.channel.send({"op": "ready"})
+
+    def _message(self, message: dict, fds: list[int]) -> None:
+        op = message.get("op")
+        if op == "connection":
+            self.passed.adopt(str(message.get("source")), fds)
+        elif op == "metrics":
+            from logrouter.metrics import render
+
+            text = render(self.router) if self.router is not None else ""
+            self.channel.send({"op": "metrics", "id": message.get("id"), "text": text})
+        elif op == "reload":
+            self.reload().addCallback(
+                lambda result: self.channel.send({"op": "reloaded", "id": message.get("id"), "ok": result[0], "text": result[1]})
+            )
+        else:
+            for fd in fds:
+                os.close(fd)
+
+    def _supervisor_gone(self) -> None:
+        if self.running:
+            self.log.warn("the supervisor's channel closed: stopping")
+            self.reactor.stop()
+
+
+def _line(event: dict) -> str | None:
+    text = formatEvent(event)
+    if "log_failure" in event:
+        text = f"{text}\n{event['log_failure'].getTraceback()}"
+    level = event.get("log_level")
+    return f"[{event.get('log_namespace', '-')}#{getattr(level, 'name', 'info')}] {text}\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="logrouter worker")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--index", type=int, required=True)
+    parser.add_argument("--count", type=int, required=True)
+    parser.add_argument("--channel-fd", type=int, required=True)
+    parser.add_argument("--parent", type=int, required=True)
+    parser.add_argument("--shared", default="{}", help="JSON: {source: [host, port]} the supervisor accepts for")
+    args = parser.parse_args(argv)
+    die_with_parent(args.parent)
+    globalLogBeginner.beginLoggingTo([FileLogObserver(sys.stdout, _line)], redirectStandardIO=False)
+
+    from twisted.internet import reactor
+
+    try:
+        config = worker_config(load_file(args.config), args.index, args.count)
+    except ConfigError as e:
+        for error in e.errors:
+            print(f"[logrouter.worker#error] config: {error}", flush=True)
+        raise SystemExit(1)
+    shared = {name: (host, int(port)) for name, (host, port) in json.loads(args.shared).items()}
+    passed = PassedConnections(reactor, shared)
+    channel_socket = socket.socket(fileno=args.channel_fd)
+    service = WorkerService(config, reactor, args.config, args.index, args.count, passed, channel_socket)
+    reactor.callWhenRunning(service.startService)
+    reactor.addSystemEventTrigger("before", "shutdown", service.stopService)
+    reactor.run()
+
+
+if __name__ == "__main__":
+    main()
