@@ -126,6 +126,7 @@ def main() -> None:
               f"{stats.payloads:,} payloads in {elapsed:.1f}s; {stats.partial} partial ACKNs)")
         print(f"  {run.fsyncs / elapsed:,.1f} fsyncs/s, peak RSS {run.rss_mb:,.0f} MiB, "
               f"graceful stop {run.stop_secs:.1f}s (exit {run.exit_code})")
+        print(run.cpu_line(run.rows))
         print(f"  lake rows {run.rows:,} ({'matches' if run.rows == stats.acked_events else 'MISMATCH with'} acked events)")
         if run.rows != stats.acked_events or not run.clean_stop:
             sys.stdout.write("".join(lines[-40:]))

@@ -124,6 +124,7 @@ def main() -> None:
         print(f"  {stats.acked_events / elapsed:,.0f} events/s acked ({stats.acked_events:,} events, "
               f"{stats.windows:,} windows in {elapsed:.1f}s; {stats.keepalives} keepalive ACKs)")
         print(f"  {fsync_count / elapsed:,.1f} fsyncs/s, peak RSS {rss:,.0f} MiB, graceful stop {stop_secs:.1f}s (exit {code})")
+        print(run.cpu_line(rows))
         print(f"  lake rows {rows:,} ({'matches' if rows == stats.acked_events else 'MISMATCH with'} acked events)")
         if rows != stats.acked_events or not run.clean_stop:
             sys.stdout.write("".join(lines[-40:]))

@@ -211,6 +211,7 @@ def main() -> None:
     per_million = stats.cpu / acked * 1e6 if acked else float("nan")
     print(f"  daemon CPU {stats.cpu:.1f}s over the load ({per_million:,.1f} CPU s per million events, "
           f"{stats.cpu / elapsed:.2f} cores)")
+    print(run.cpu_line(run.rows))
     print(f"  {stats.fsyncs / elapsed:,.1f} fsyncs/s, peak RSS {run.rss_mb:,.0f} MiB, "
           f"graceful stop {run.stop_secs:.1f}s (exit {run.exit_code})")
     print(f"  lake rows {run.rows:,} ({'matches' if run.rows == acked else 'MISMATCH with'} acked events)")

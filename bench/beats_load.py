@@ -1,0 +1,407 @@
+#!/usr/bin/env python3
+"""Beats → Parquet load benchmark driven by go-lumber's own sender, ``tst-send``.
+
+The load is the real Go client library: ``tst-send`` from ``github.com/elastic/go-lumber``
+(its ``client/v2``, the one libbeat's Logstash output is built on), built once with the Go
+toolchain through ``tests/go_binary.py`` and cached under ``tests/.cache/tst-send/``.
+Each ``tst-send`` process keeps one connection and sends one precomputed batch of
+``--batch`` events (2048: Beats' ``bulk_max_size``) again and again, forever, as v2
+windows (``W`` then one zlib ``C`` frame, ``--compress`` level 3 as Beats' default),
+``--pipelining`` windows in flight (``-pipeline 2``, Beats' default ``pipelining``). Its
+events are small (``@timestamp``, ``type: filebeat``, a lorem-ipsum ``message``,
+``offset``, ~165 bytes as JSON).
+
+How acks are counted. ``tst-send`` has no event count and no way to stop: it runs until
+killed, and counts the events of the windows it got the final ACK for only in an expvar
+(``ACKed`` at ``/debug/vars``). Killed at an arbitrary moment, it would leave windows the
+daemon had stored but whose ACK it never counted, so the rows could not be checked
+exactly. So every ``tst-send`` connects through a small relay in this script (loopback,
+one daemon connection per sender) that forwards whole windows only (it walks the frames
+and inflates ``C`` frames to count their ``J`` frames) and reads the daemon's ACKs on
+the way back. At the end of ``--seconds`` the relay stops forwarding (a window not yet
+forwarded is dropped: the daemon never sees it), waits for the final ACK of every window
+it did forward, and that is the acked count. It checks it against ``tst-send``'s own
+``ACKed`` counters (their sum must come to the same number once the last ACKs are
+through), then ends the senders and their daemon connections (at a window boundary) and
+stops the daemon with SIGTERM. The lake must hold exactly the acked events (exit 1
+otherwise). The relay costs this script some CPU (reported), not the daemon.
+
+It starts its own daemon (``twistd -n logrouter``) on loopback with a temporary spool and
+lake (``lumberjack`` source → ``parquet`` sink, ``durability = "fsync"`` by default) and
+reports: acked events/s, events/s end to end (lake rows / (load + graceful stop)), the
+daemon's CPU seconds per million events, its peak RSS and fsyncs per second.
+
+Run by hand, e.g. ``.venv/bin/python bench/beats_load.py --seconds 20``.
+``--workers N`` sets ``[router] workers = N``; the relay opens each daemon connection from
+its own loopback address (127.0.0.2, .3, …) so that the supervisor, which spreads
+connections by peer address, can give them to different workers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import zlib
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+
+from forward_load import launch, measure, source_to_lake  # noqa: E402
+from go_binary import GoBinary  # noqa: E402
+
+TST_SEND = GoBinary(
+    name="go-lumber tst-send",
+    module="github.com/elastic/go-lumber",
+    package="github.com/elastic/go-lumber/cmd/tst-send",
+    binary="tst-send",
+    default_version="v0.1.0",
+    bin_env="LOGROUTER_BENCH_TST_SEND_BIN",
+    version_env="LOGROUTER_BENCH_GO_LUMBER_VERSION",
+    timeout_env="LOGROUTER_BENCH_GO_LUMBER_BUILD_TIMEOUT",
+)
+DRAIN_TIMEOUT = 60.0  # after the cut: the most seconds to wait for the forwarded windows' ACKs
+EXPVAR_TIMEOUT = 5.0  # after the last ACK: the most seconds for tst-send's counters to catch up
+
+
+class ProtocolError(Exception):
+    pass
+
+
+def data_frames(inflated: bytes) -> tuple[int, int]:
+    """The ``J`` frames in the content of a ``C`` frame (nested ``C`` frames included) and
+    the bytes of their JSON documents."""
+    count, json_bytes, pos, end = 0, 0, 0, len(inflated)
+    while pos < end:
+        kind = inflated[pos + 1:pos + 2]
+        if kind == b"J":
+            (length,) = struct.unpack_from(">I", inflated, pos + 6)
+            pos += 10 + length
+            count += 1
+            json_bytes += length
+        elif kind == b"C":
+            (length,) = struct.unpack_from(">I", inflated, pos + 2)
+            inner = data_frames(zlib.decompress(inflated[pos + 6:pos + 6 + length]))
+            count, json_bytes = count + inner[0], json_bytes + inner[1]
+            pos += 6 + length
+        else:
+            raise ProtocolError(f"unexpected frame {inflated[pos:pos + 2]!r} inside a C frame")
+    return count, json_bytes
+
+
+class WindowSplitter:
+    """Cuts one client→server v2 stream into whole windows: ``feed()`` returns the bytes of
+    the windows it completed and their sizes, and keeps an incomplete one for later."""
+
+    def __init__(self) -> None:
+        self.pending = bytearray()
+        self.pos = 0  # parsed up to here
+        self.size = 0  # the current window's announced size (0: between windows)
+        self.left = 0  # its events not seen yet
+        self.json_bytes = 0  # of the J frames' documents, for the report
+
+    def feed(self, data: bytes) -> tuple[bytes, list[int]]:
+        self.pending += data
+        buf, pos, done, sizes = self.pending, self.pos, 0, []
+        while len(buf) - pos >= 6:
+            if buf[pos] != 0x32:
+                raise ProtocolError(f"not a v2 frame: {bytes(buf[pos:pos + 2])!r}")
+            kind = buf[pos + 1]
+            (value,) = struct.unpack_from(">I", buf, pos + 2)
+            if kind == 0x57:  # W
+                if self.left:
+                    raise ProtocolError("a window started before the previous one was complete")
+                self.size = self.left = value
+                pos += 6
+            elif kind == 0x43:  # C
+                if len(buf) - pos < 6 + value:
+                    break
+                count, json_bytes = data_frames(zlib.decompress(buf[pos + 6:pos + 6 + value]))
+                self.left -= count
+                self.json_bytes += json_bytes
+                pos += 6 + value
+            elif kind == 0x4A:  # J: seq, then the length
+                if len(buf) - pos < 10:
+                    break
+                (length,) = struct.unpack_from(">I", buf, pos + 6)
+                if len(buf) - pos < 10 + length:
+                    break
+                self.left -= 1
+                self.json_bytes += length
+                pos += 10 + length
+            else:
+                raise ProtocolError(f"unexpected frame {bytes(buf[pos:pos + 2])!r}")
+            if self.left < 0:
+                raise ProtocolError("more events than the window announced")
+            if self.size and not self.left:
+                sizes.append(self.size)
+                self.size = 0
+                done = pos
+        out = bytes(buf[:done])
+        del buf[:done]
+        self.pos = pos - done
+        return out, sizes
+
+
+class Relay:
+    """Forwards whole windows from the senders to the daemon and counts their final ACKs."""
+
+    def __init__(self, daemon_port: int) -> None:
+        self.daemon_port = daemon_port
+        self.cut = False  # stop forwarding: the load is over
+        self.acked_events = 0
+        self.windows = 0
+        self.keepalives = 0
+        self.forwarded_events = 0
+        self.forwarded_bytes = 0  # on the wire
+        self.json_bytes = 0
+        self.accepted = 0
+        self.connections: list[dict] = []
+        self.errors: list[str] = []
+        self.drained = asyncio.Event()
+
+    def outstanding(self) -> int:
+        return sum(len(c["outstanding"]) for c in self.connections)
+
+    def check_drained(self) -> None:
+        if self.cut and not self.outstanding():
+            self.drained.set()
+
+    async def accept(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
+        # Each daemon connection from its own loopback address, like senders on different
+        # hosts: with [router] workers the supervisor spreads connections by peer address
+        # (tst-send itself cannot choose its source address).
+        local = (f"127.0.0.{2 + self.accepted % 250}", 0)
+        self.accepted += 1
+        try:
+            daemon_reader, daemon_writer = await asyncio.open_connection("127.0.0.1", self.daemon_port, local_addr=local)
+        except OSError as e:
+            self.errors.append(f"connecting to the daemon: {e!r}")
+            client_writer.close()
+            return
+        conn = {"outstanding": collections.deque(), "writers": (client_writer, daemon_writer)}
+        self.connections.append(conn)
+        up = asyncio.ensure_future(self.upstream(client_reader, daemon_writer, conn))
+        down = asyncio.ensure_future(self.downstream(daemon_reader, client_writer, conn))
+        conn["tasks"] = (up, down)
+        for task in (up, down):
+            task.add_done_callback(self.task_done)
+
+    def task_done(self, task: asyncio.Future) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.errors.append(repr(task.exception()))
+            self.drained.set()  # wake the waiter: it reports the error
+
+    async def upstream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: dict) -> None:
+        splitter = WindowSplitter()
+        while not self.cut:
+            data = await reader.read(1 << 16)
+            if not data or self.cut:
+                return  # a sender that ends, or one cut off: what it sent after the cut is dropped
+            whole, sizes = splitter.feed(data)
+            if whole:
+                conn["outstanding"].extend(sizes)
+                self.forwarded_events += sum(sizes)
+                self.forwarded_bytes += len(whole)
+                self.json_bytes += splitter.json_bytes
+                splitter.json_bytes = 0
+                writer.write(whole)
+                await writer.drain()
+
+    async def downstream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: dict) -> None:
+        buffer = b""
+        outstanding = conn["outstanding"]
+        while True:
+            data = await reader.read(1 << 16)
+            if not data:
+                if outstanding:
+                    raise ProtocolError(f"the daemon closed a connection with {len(outstanding)} windows unacked")
+                return
+            writer.write(data)  # tst-send gets every ACK as it came
+            buffer += data
+            end = len(buffer) - len(buffer) % 6
+            for pos in range(0, end, 6):
+                version, kind, seq = struct.unpack_from(">BBI", buffer, pos)
+                if (version, kind) != (0x32, 0x41):
+                    raise ProtocolError(f"unexpected reply {buffer[pos:pos + 6]!r}")
+                if seq == 0:
+                    self.keepalives += 1
+                    continue
+                if not outstanding or seq > outstanding[0]:
+                    raise ProtocolError(f"ACK {seq} for no window in flight ({list(outstanding)[:3]})")
+                if seq == outstanding[0]:  # the window's final ACK; a smaller one is partial
+                    self.acked_events += outstanding.popleft()
+                    self.windows += 1
+            buffer = buffer[end:]
+            self.check_drained()
+
+    def close(self) -> None:
+        for conn in self.connections:
+            for task in conn.get("tasks", ()):
+                task.cancel()
+            for writer in conn["writers"]:
+                writer.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def expvar_acked(port: int) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/debug/vars", timeout=5) as r:
+        return int(json.load(r)["ACKed"])
+
+
+def proc_cpu_secs(pid: int) -> float:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class Load:
+    """The senders and the relay for one run; what they counted."""
+
+    def __init__(self, binary: Path, daemon_port: int, args: argparse.Namespace, workdir: Path) -> None:
+        self.binary, self.daemon_port, self.args, self.workdir = binary, daemon_port, args, workdir
+        self.senders: list[tuple[subprocess.Popen, int]] = []
+        self.sender_acked = 0
+        self.sender_cpu = 0.0
+        self.relay_cpu = 0.0
+        self.relay: Relay | None = None
+
+    def sender_argv(self, relay_port: int, http_port: int) -> list[str]:
+        a = self.args
+        return [str(self.binary), "-c", f"127.0.0.1:{relay_port}", "-batch", str(a.batch),
+                "-pipeline", str(a.pipelining), "-compress", str(a.compress), "-httpprof", f"127.0.0.1:{http_port}"]
+
+    async def run(self) -> float:
+        relay = self.relay = Relay(self.daemon_port)
+        server = await asyncio.start_server(relay.accept, "127.0.0.1", 0)
+        relay_port = server.sockets[0].getsockname()[1]
+        cpu0 = time.process_time()
+        start = time.monotonic()
+        try:
+            for i in range(self.args.senders):
+                http_port = free_port()
+                log = open(self.workdir / f"tst-send-{i}.log", "wb")
+                proc = subprocess.Popen(self.sender_argv(relay_port, http_port), stdin=subprocess.DEVNULL,
+                                        stdout=log, stderr=subprocess.STDOUT)
+                log.close()
+                self.senders.append((proc, http_port))
+            await asyncio.sleep(self.args.seconds)
+            relay.cut = True
+            server.close()
+            relay.check_drained()
+            try:
+                await asyncio.wait_for(relay.drained.wait(), DRAIN_TIMEOUT)
+            except asyncio.TimeoutError:
+                raise SystemExit(f"{relay.outstanding()} windows still unacked {DRAIN_TIMEOUT:.0f}s after the cut")
+            if relay.errors:
+                raise SystemExit("relay failed: " + "; ".join(relay.errors))
+            elapsed = time.monotonic() - start
+            self.relay_cpu = time.process_time() - cpu0
+            # tst-send counts an ACK after it read it: give its counters a moment to catch up
+            deadline = time.monotonic() + EXPVAR_TIMEOUT
+            while True:
+                self.sender_acked = sum([await asyncio.to_thread(expvar_acked, port) for _, port in self.senders])
+                if self.sender_acked == relay.acked_events or time.monotonic() > deadline:
+                    break
+                await asyncio.sleep(0.1)
+            self.sender_cpu = sum(proc_cpu_secs(proc.pid) for proc, _ in self.senders)
+            return elapsed
+        finally:
+            relay.cut = True
+            server.close()
+            relay.close()  # at a window boundary: the daemon sees each connection end cleanly
+            self.stop_senders()
+
+    def stop_senders(self) -> None:
+        for proc, _ in self.senders:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc, _ in self.senders:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def logs(self) -> str:
+        return "".join(
+            f"--- tst-send {i}:\n" + (self.workdir / f"tst-send-{i}.log").read_text(errors="replace")[-2000:]
+            for i in range(len(self.senders))
+        )
+
+
+def config_text(args: argparse.Namespace) -> str:
+    return source_to_lake("beats", "lumberjack", args.durability, workers=args.workers, tag=args.tag)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=20, help="how long the senders send")
+    parser.add_argument("--senders", type=int, default=4, help="tst-send processes (one connection each)")
+    parser.add_argument("--batch", type=int, default=2048, help="events per window (Beats' bulk_max_size)")
+    parser.add_argument("--pipelining", type=int, default=2, help="tst-send -pipeline: windows in flight (Beats' default 2)")
+    parser.add_argument("--compress", type=int, default=3, help="zlib level of the C frame (Beats' default 3)")
+    parser.add_argument("--durability", default="fsync", choices=["fsync", "os", "none"])
+    parser.add_argument("--workers", type=int, default=1, help="[router] workers (written only when not 1)")
+    parser.add_argument("--tag", default="beats.${type}", help="the source's tag option")
+    args = parser.parse_args()
+    if not (0 < args.seconds <= 3600 and 0 < args.senders <= 64 and args.pipelining >= 1):
+        raise SystemExit("--seconds must be in (0, 3600], --senders in 1..64, --pipelining at least 1")
+    binary, why = TST_SEND.ensure_built_with_reason()
+    if binary is None:
+        raise SystemExit(why)
+    with tempfile.TemporaryDirectory(prefix="logrouter-bench-") as tmp:
+        workdir = Path(tmp)
+        proc, port, metrics_port, lines = launch(workdir, config_text(args), "beats")
+        load = Load(binary, port, args, workdir)
+        try:
+            run = measure(workdir, proc, metrics_port, lambda: asyncio.run(load.run()))
+        except BaseException:
+            sys.stdout.write("".join(lines[-40:]) + load.logs())
+            raise
+        relay = load.relay
+        acked, elapsed, rows = relay.acked_events, run.elapsed, run.rows
+        workers = f" workers={args.workers}" if args.workers != 1 else ""
+        per_event = relay.json_bytes / relay.forwarded_events if relay.forwarded_events else float("nan")
+        per_window = relay.forwarded_bytes / relay.forwarded_events * args.batch if relay.forwarded_events else float("nan")
+        print(f"durability={args.durability} senders={args.senders} (go-lumber tst-send -batch {args.batch} "
+              f"-pipeline {args.pipelining} -compress {args.compress}){workers} "
+              f"(window ~{per_window:,.0f} bytes on the wire, ~{per_event:.0f} bytes/event as JSON)")
+        print(f"  {acked / elapsed:,.0f} events/s acked ({acked:,} events, {relay.windows:,} windows in {elapsed:.1f}s; "
+              f"tst-send counted {load.sender_acked:,}; {relay.keepalives} keepalive ACKs)")
+        print(f"  {rows / (elapsed + run.stop_secs):,.0f} events/s end to end into Parquet "
+              f"(all rows committed by the end of the graceful stop)")
+        print(run.cpu_line(rows))
+        print(f"  {run.fsyncs / elapsed:,.1f} fsyncs/s, peak RSS {run.rss_mb:,.0f} MiB, "
+              f"graceful stop {run.stop_secs:.1f}s (exit {run.exit_code})")
+        print(f"  senders' CPU {load.sender_cpu:,.1f} s, relay CPU {load.relay_cpu:,.1f} s (this script)")
+        print(f"  lake rows {rows:,} ({'matches' if rows == acked else 'MISMATCH with'} acked events)")
+        if rows != acked or load.sender_acked != acked or not run.clean_stop:
+            if load.sender_acked != acked:
+                print(f"  tst-send's ACKed counters ({load.sender_acked:,}) differ from the relay's count")
+            sys.stdout.write("".join(lines[-40:]) + load.logs())
+            sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
