@@ -203,7 +203,7 @@ def server_context(description: str, client_certs: str = "none", ca_file: str | 
         return None
     if client_certs == "none":
         _, args, _ = endpoints._parseServer(description, None)
-        return args[1]  # (port, context factory) as serverFromString builds them
+        return args[2]  # (port, protocol factory, context factory) as serverFromString builds them
     return _ssl_server_parts(description, client_certs, ca_file)[1]
 
 
