@@ -756,10 +756,16 @@ class Router:
         if self._snapshot is not None:
             yield self._snapshot
         if self._snapshot_loaded:
-            yield threads.deferToThread(
-                dedupe.save_snapshot,
-                self.dedupe_path,
-                list(self.dedupe.done.items()),
-                self.routed_end,
-                list(self.dedupe.writers.items()),
-            )
+            try:
+                yield threads.deferToThread(
+                    dedupe.save_snapshot,
+                    self.dedupe_path,
+                    list(self.dedupe.done.items()),
+                    self.routed_end,
+                    list(self.dedupe.writers.items()),
+                )
+            except OSError as e:
+                # A full disk must not fail the stop: the next start reads the window back
+                # from the older snapshot and the spool after it (trimmed only past a snapshot).
+                self.log.error("saving the dedupe snapshot at the stop failed ({error}); the next start "
+                               "rebuilds the window from the spool", error=e)
