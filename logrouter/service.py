@@ -28,6 +28,7 @@ class RouterService(service.Service):
         self.config = config
         self.config_path = config_path  # re-read on SIGHUP and POST /reload; None = no reload
         self.config_transform: Any = None  # applied to each config read (a worker derives its own)
+        self._spool_lock: int | None = None  # fd holding <spool>/lock while the process runs
         self.router: Router | None = None
         self.compaction: Any = None  # a CompactionService when [compaction] enabled = true
         self._started: defer.Deferred | None = None
@@ -38,7 +39,21 @@ class RouterService(service.Service):
 
         for warning in warnings(self.config):
             self.log.warn("config: {warning}", warning=warning)
+        if self.config.router.get("workers") == "auto":
+            from logrouter.workers.plan import workers
+
+            self.log.info("workers = auto: one process ({why})", why=workers(self.config)[1] or "one core")
         quiet_repeated_stops(self.reactor, self.log)
+        if self.config_path is not None and self._spool_lock is None:  # a real process, not a test's
+            from logrouter.spool.lock import SpoolInUse, lock_spool
+
+            try:
+                self._spool_lock = lock_spool(self.config.spool["path"])
+            except (SpoolInUse, OSError) as e:
+                from twisted.python.failure import Failure
+
+                self.reactor.callWhenRunning(self._failed, Failure(e))
+                return
         self.router = self.build_router()
         self.router.reload_hook = self.reload  # POST /reload on the metrics endpoint
         self._install_sighup()

@@ -23,7 +23,7 @@ import pytest
 
 from chunk_client import chunk_message, expected_ids
 from daemon import Daemon
-from helpers import lake_column, scrape, wait_until
+from helpers import lake_column, wait_until
 from logrouter.workers.plan import worker_for
 
 pytestmark = pytest.mark.timeout(240)
@@ -95,6 +95,12 @@ def worker_pids(supervisor: int) -> dict[int, int]:
     return found
 
 
+def worker_metrics(port: int, worker: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/workers/{worker}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line and not line.startswith("#")}
+
+
 def lake_ids(path: Path) -> list[str]:
     return lake_column(path, "id")
 
@@ -119,11 +125,14 @@ def test_connections_are_spread_and_every_acked_event_lands_once(tmp_path: Path)
         metrics = daemon.metrics()
         passed = metrics['logrouter_supervisor_connections_passed_total{source="forward"}']
         assert passed == 8, metrics
+        key = 'logrouter_source_connections_total{source="forward",type="fluent_forward"}'
+        assert metrics[key] == 8, metrics  # summed over the workers
+        assert not any("worker=" in k for k in metrics if not k.startswith("logrouter_worker_")), metrics
+        metrics_port = int(daemon.wait_for(r"metrics listening on \S+ port (\d+)").group(1))
         for worker in (0, 1):
             assert metrics[f'logrouter_worker_up{{worker="{worker}"}}'] == 1
-            assert metrics[f'logrouter_source_connections_total{{source="forward",type="fluent_forward",worker="{worker}"}}'] == 4
-        summed = metrics['logrouter_source_connections_total{source="forward",type="fluent_forward"}']
-        assert summed == 8, metrics
+            own = worker_metrics(metrics_port, worker)
+            assert own[key] == 4, own  # each worker's own page
         daemon.stop_gracefully()
     ids = lake_ids(tmp_path / "lake")
     assert len(ids) == len(set(ids)), "an event landed twice"
@@ -169,24 +178,39 @@ def test_tls_is_done_in_the_workers(tmp_path: Path, pki) -> None:
     assert set(lake_ids(tmp_path / "lake")) == expected_ids([0, 1, 10, 11])
 
 
-def test_a_reload_reaches_every_worker(tmp_path: Path) -> None:
+def test_a_reload_reaches_every_worker_and_opens_new_listeners(tmp_path: Path) -> None:
     with Daemon(tmp_path, CONFIG.format(listen="tcp:0:interface=127.0.0.1")) as daemon:
         daemon.start()
         metrics_port = int(daemon.wait_for(r"metrics listening on \S+ port (\d+)").group(1))
-        daemon.config.write_text(daemon.config.read_text() + '\n[sinks.out]\ntype = "blackhole"\ninputs = ["forward"]\n')
         request = urllib.request.Request(f"http://127.0.0.1:{metrics_port}/reload", method="POST")
+        # A new sink and a new TCP source: the supervisor listens for it, the workers take it.
+        daemon.config.write_text(
+            daemon.config.read_text().replace('inputs = ["forward"]', 'inputs = ["forward", "more"]')
+            + '\n[sinks.out]\ntype = "blackhole"\ninputs = ["forward"]\n'
+            + '\n[sources.more]\ntype = "fluent_forward"\nlisten = "tcp:0:interface=127.0.0.1"\n'
+        )
         with urllib.request.urlopen(request, timeout=60) as response:
             text = response.read().decode()
         assert "worker 0:" in text and "worker 1:" in text, text
-        metrics = scrape(metrics_port)
-        assert any(key.startswith("logrouter_sink_") and 'sink="out"' in key and 'worker="1"' in key for key in metrics), metrics
-        # A change only a restart can make is refused as a whole.
+        for worker in (0, 1):
+            metrics = worker_metrics(metrics_port, worker)
+            assert any(key.startswith("logrouter_sink_") and 'sink="out"' in key for key in metrics), metrics
+        more = daemon.port("more")
+        for worker, first in ((0, 0), (1, 10)):
+            with connect(more, addresses_for(worker, wanted=1)[0]) as sock:
+                send_acked(sock, [first, first + 1])
+        # What only a restart changes is kept as running, and the answer says so.
         daemon.config.write_text(daemon.config.read_text().replace("workers = 2", "workers = 3"))
+        with urllib.request.urlopen(request, timeout=60) as response:
+            text = response.read().decode()
+        assert "needs a restart to change (kept as running): router.workers" in text, text
+        # A config with errors is refused as a whole.
+        daemon.config.write_text(daemon.config.read_text() + "\n[sinks.bad]\ntype = \"nope\"\n")
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(request, timeout=60)
         assert refused.value.code == 409
-        assert "needs a restart" in refused.value.read().decode()
         daemon.stop_gracefully()
+    assert set(lake_ids(tmp_path / "lake")) == expected_ids([0, 1, 10, 11])
 
 
 def test_a_supervisor_killed_with_9_takes_its_workers_with_it(tmp_path: Path) -> None:

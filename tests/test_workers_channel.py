@@ -257,13 +257,17 @@ def test_send_is_false_when_the_buffer_is_full(pair) -> None:
     assert left.send(message)  # room again
 
 
-def test_an_on_message_failure_closes_the_fds_and_goes_on(pair) -> None:
+def test_an_on_message_failure_is_logged_and_the_channel_goes_on(pair) -> None:
+    """The fds are the callee's once handed over: the channel does not close them again
+    (a second close could hit an unrelated fd that reused the number)."""
     reactor = MemoryReactor()
     ours, theirs = channel_pair()
     seen = []
 
     def on_message(message: dict, fds: list[int]) -> None:
         seen.append(message)
+        for fd in fds:
+            os.close(fd)  # like WorkerProcess._message, which closes them first
         if message.get("op") == "boom":
             raise RuntimeError("handler failed")
 
@@ -285,12 +289,6 @@ def test_an_on_message_failure_closes_the_fds_and_goes_on(pair) -> None:
         theirs.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Channel.doRead's handler for a failing on_message logs op=message.get('op'): for JSON that is not an "
-    "object (a list, a number) that raises AttributeError out of doRead, so the message is not just dropped and "
-    "the messages after it in this turn are not read",
-)
 def test_json_that_is_not_an_object_does_not_break_doread(pair) -> None:
     reactor = MemoryReactor()
     ours, theirs = channel_pair()
@@ -304,7 +302,7 @@ def test_json_that_is_not_an_object_does_not_break_doread(pair) -> None:
     try:
         ours.send(json.dumps([1, 2]).encode())
         assert sender.send({"op": "next"})
-        receiver.doRead()  # raises AttributeError: 'list' object has no attribute 'get'
+        receiver.doRead()  # the list is dropped; the next message is still read
         assert seen == ["next"]
     finally:
         ours.close()
@@ -455,97 +453,15 @@ def config(workers=2, metrics="tcp:0:interface=127.0.0.1", listen="tcp:24224:int
     return load_string(BASE.format(workers=workers, metrics=metrics, listen=listen, extra=extra, prefix=prefix))
 
 
-def test_needs_restart() -> None:
-    from logrouter.workers.supervisor import _needs_restart
+def test_kept_until_restart() -> None:
+    """What the supervisor keeps as running on a reload (TCP/TLS sources are applied)."""
+    from logrouter.workers.supervisor import _kept_until_restart
 
     old = config()
-    assert _needs_restart(old, config()) == ""
-    assert _needs_restart(old, config(prefix="b")) == ""  # a sink's option: a reload does it
-    logjam = '[sources.lj]\ntype = "logjam"\nconnect = ["tcp://127.0.0.1:9606"]\n'
-    assert _needs_restart(old, config(extra=logjam)) == ""  # worker 0 runs it: no listener to add
-    assert "workers changed (2 -> 3)" in _needs_restart(old, config(workers=3))
-    assert "listen addresses changed" in _needs_restart(old, config(listen="tcp:24225:interface=127.0.0.1"))
+    assert _kept_until_restart(old, config()) == []
+    assert _kept_until_restart(old, config(prefix="b")) == []  # a sink's option: a reload does it
     second = '[sources.more]\ntype = "fluent_forward"\nlisten = "tcp:24226:interface=127.0.0.1"\n'
-    assert "listen addresses changed" in _needs_restart(old, config(extra=second))
-    assert "metrics_listen changed" in _needs_restart(old, config(metrics="tcp:9999:interface=127.0.0.1"))
-
-
-# -- the supervisor's choice of worker -------------------------------------------------------
-
-
-class StubChannel:
-    def __init__(self, room: bool = True) -> None:
-        self.sent: list[tuple[dict, list[int]]] = []
-        self.room = room
-
-    def send(self, message: dict, fds=()) -> bool:
-        if not self.room:
-            return False
-        self.sent.append((message, list(fds)))
-        return True
-
-
-class StubWorker:
-    def __init__(self, index: int, ready: bool = True, room: bool = True) -> None:
-        self.index = index
-        self.ready = ready
-        self.channel = StubChannel(room)
-
-
-def supervisor(tmp_path, workers: int = 2):
-    from logrouter.workers.supervisor import SupervisorService
-
-    loaded = config(workers=workers)
-    loaded.spool["path"] = str(tmp_path / "spool")
-    service = SupervisorService(loaded, reactor=MemoryReactor(), config_path=str(tmp_path / "logrouter.toml"))
-    service.workers = [StubWorker(i) for i in range(workers)]
-    return service
-
-
-def test_supervisor_counts(tmp_path) -> None:
-    from logrouter.workers.supervisor import SupervisorService
-
-    loaded = config(workers=2)
-    loaded.spool["path"] = str(tmp_path)
-    (tmp_path / "worker-3").mkdir()
-    service = SupervisorService(loaded, reactor=MemoryReactor())
-    assert service.accepting == 2  # connections go to workers 0 and 1 only
-    assert service.count == 4  # workers 2 and 3 drain spools left behind
-
-
-def test_pass_connection_goes_to_the_peers_worker(tmp_path, tcp_pair) -> None:
-    from logrouter.workers import plan
-
-    service = supervisor(tmp_path, 2)
-    _, server = tcp_pair
-    for i in range(2, 10):
-        host = f"127.0.0.{i}"
-        assert service.pass_connection("forward", host, server)
-        chosen = plan.worker_for(host, 2)
-        assert service.workers[chosen].channel.sent[-1] == ({"op": "connection", "source": "forward"}, [server.fileno()])
-    assert len(service.workers[0].channel.sent) == 4 and len(service.workers[1].channel.sent) == 4
-
-
-def test_pass_connection_maps_ipv4_over_ipv6_to_the_same_worker(tmp_path, tcp_pair) -> None:
-    service = supervisor(tmp_path, 2)
-    _, server = tcp_pair
-    for host in ("127.0.0.4", "::ffff:127.0.0.4", "127.0.0.2", "::ffff:127.0.0.2"):
-        service.pass_connection("forward", host, server)
-    assert [len(w.channel.sent) for w in service.workers] == [2, 2]
-
-
-def test_pass_connection_to_a_worker_not_ready_or_full_is_false(tmp_path, tcp_pair) -> None:
-    from logrouter.workers import plan
-
-    service = supervisor(tmp_path, 2)
-    _, server = tcp_pair
-    host = "127.0.0.4"
-    worker = service.workers[plan.worker_for(host, 2)]
-    worker.ready = False
-    assert service.pass_connection("forward", host, server) is False
-    worker.ready = True
-    worker.channel.room = False
-    assert service.pass_connection("forward", host, server) is False
-    worker.channel = None
-    assert service.pass_connection("forward", host, server) is False
-    assert all(w.channel is None or w.channel.sent == [] for w in service.workers)
+    assert _kept_until_restart(old, config(extra=second)) == []  # a new listener: applied
+    assert _kept_until_restart(old, config(listen="tcp:24225:interface=127.0.0.1")) == []
+    assert _kept_until_restart(old, config(workers=3)) == ["router.workers"]
+    assert _kept_until_restart(old, config(metrics="tcp:9999:interface=127.0.0.1")) == ["router.metrics_listen"]

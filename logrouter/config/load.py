@@ -37,13 +37,20 @@ SPOOL_OPTIONS: dict[str, Option] = {
     "dedupe_window": Option(int, 100_000, "client batch ids (forward `chunk`, …) remembered to recognise retransmissions", positive),
 }
 
+def _check_workers(value: Any) -> None:
+    if value == "auto" or (type(value) is int and value >= 1):
+        return
+    raise ValueError(f"must be a whole number of at least 1 or \"auto\", got {value!r}")
+
+
 ROUTER_OPTIONS: dict[str, Option] = {
     "metrics_listen": Option(
         str, "", "endpoint serving Prometheus `/metrics` and `/health` (empty = off)", endpoints.check_optional
     ),
     "workers": Option(
-        int, 1, "router processes: above 1, a supervisor hands each TCP/TLS connection to one of this many workers "
-        "(each with its own spool); see Workers", positive
+        (int, str), "auto", "router processes: above 1, a supervisor hands each TCP/TLS connection to one of this many "
+        "workers (each with its own spool); `auto` = the cores this process may use, or 1 when nothing can be shared; "
+        "see Workers", _check_workers
     ),
     "shutdown_timeout_secs": Option(
         (int, float), 30, "how long a graceful stop may take to drain and commit (0 = no limit); past it the process stops "
@@ -188,7 +195,8 @@ def validate(raw: dict[str, Any]) -> Config:
     check_compaction(compaction, components["sinks"], errors)
     from logrouter.workers.plan import check as check_workers
 
-    errors.extend(check_workers(components["sources"], components["sinks"], router.get("workers", 1)))
+    workers = router.get("workers", 1)
+    errors.extend(check_workers(components["sources"], components["sinks"], workers if type(workers) is int else 1))
     if errors:
         raise ConfigError(errors)
     return Config(router, spool, components["sources"], components["filters"], components["sinks"], compaction)

@@ -99,13 +99,14 @@ class Channel:
             try:
                 message = json.loads(data)
             except ValueError:
+                message = None
+            if type(message) is not dict:
                 _close_all(fds)
-                self.log.warn("worker channel: a message is not JSON; dropped")
+                self.log.warn("worker channel: a message is not a JSON object; dropped")
                 continue
             try:
-                self.on_message(message, fds)
+                self.on_message(message, fds)  # from here on the fds are the callee's
             except Exception:
-                _close_all(fds)
                 self.log.failure("worker channel: handling {op!r} failed", op=message.get("op"))
 
     def connectionLost(self, reason: Any) -> None:

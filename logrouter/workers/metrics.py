@@ -1,9 +1,11 @@
-"""The supervisor's ``/metrics``: every worker's samples, summed, and each with its worker.
+"""The supervisor's ``/metrics``: every worker's samples summed over the workers.
 
 Each worker renders its own page (``logrouter.metrics.render``); this module parses those
-pages and writes one: for every metric the sum over the workers under the labels the
-workers use (what a dashboard built for one process keeps reading), then the same
-samples per worker with a ``worker`` label added. Pure text work, no Twisted.
+pages and writes one with, for every metric, the sum over the workers under the labels
+the workers use: the page reads as one process's would, so dashboards and alerts built
+for one process keep working, and a PromQL ``sum()`` never counts a worker twice (a
+page holding both the sums and per-worker series would). Each worker's own page is
+served apart (``/workers/<i>/metrics``). Pure text work, no Twisted.
 """
 
 from __future__ import annotations
@@ -38,20 +40,17 @@ def parse(text: str) -> Iterator[tuple[str, str, str, float]]:
 
 def merge(pages: dict[int, str], own: list[Sample] = ()) -> str:  # type: ignore[assignment]
     """One page from the workers' ``pages`` (by worker index) and the supervisor's ``own`` samples."""
-    families: dict[str, tuple[str, dict[str, float], list[str]]] = {}
+    families: dict[str, tuple[str, dict[str, float]]] = {}
     for index in sorted(pages):
         for metric, kind, labels, value in parse(pages[index]):
             family = families.get(metric)
             if family is None:
-                family = families[metric] = (kind, {}, [])
+                family = families[metric] = (kind, {})
             family[1][labels] = family[1].get(labels, 0.0) + value
-            tagged = f'{labels},worker="{index}"' if labels else f'worker="{index}"'
-            family[2].append(f"{metric}{{{tagged}}} {_number(value)}")
     lines: list[str] = []
-    for metric, (kind, sums, per_worker) in families.items():
+    for metric, (kind, sums) in families.items():
         lines.append(f"# TYPE {metric} {kind}")
         lines.extend(f"{metric}{{{labels}}} {_number(v)}" if labels else f"{metric} {_number(v)}" for labels, v in sums.items())
-        lines.extend(per_worker)
     text = "\n".join(lines) + "\n" if lines else ""
     return text + (render_samples(iter(own)) if own else "")
 

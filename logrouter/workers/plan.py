@@ -71,15 +71,38 @@ def leftover_workers(base: str) -> int:
     return max(found, default=-1) + 1
 
 
+def workers(config: Any) -> tuple[int, str]:
+    """The worker count connections are spread over, and why when ``auto`` chose it."""
+    setting = config.router["workers"]
+    if setting != "auto":
+        return int(setting), ""
+    if not shared_sources(config):
+        return 1, "no TCP/TLS source to share"
+    single = single_process_reasons(config.sources, config.sinks)
+    if single:
+        return 1, single[0]
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, cores), f"the {cores} cores this process may use"
+
+
 def processes(config: Any) -> int:
     """How many worker processes to run: ``workers``, or more to drain the spools left by
     a larger ``workers`` before (those extra workers get no connections)."""
-    return max(int(config.router["workers"]), leftover_workers(config.spool["path"]))
+    return max(workers(config)[0], leftover_workers(config.spool["path"]))
 
 
-def worker_config(config: Any, index: int, count: int) -> Any:
-    """The config worker ``index`` of ``count`` runs (a copy; ``config`` is unchanged)."""
+def worker_config(config: Any, index: int, count: int, accepted: set[str] | None = None) -> Any:
+    """The config worker ``index`` of ``count`` runs (a copy; ``config`` is unchanged).
+
+    ``accepted``: the shared sources the supervisor listens for. A shared source it does
+    not (the file gained one the supervisor has not applied yet, e.g. a worker started
+    again after the file was edited) is left out: the workers must not all bind it."""
     derived = copy.deepcopy(config)
+    if accepted is not None:
+        derived.sources = {n: c for n, c in derived.sources.items() if not is_shared(c) or n in accepted}
     derived.router["workers"] = 1
     derived.router["metrics_listen"] = ""
     derived.spool["path"] = spool_path(config.spool["path"], index)
@@ -93,20 +116,23 @@ def worker_config(config: Any, index: int, count: int) -> Any:
     return derived
 
 
-def check(sources: dict[str, Any], sinks: dict[str, Any], workers: int) -> list[str]:
-    """Config errors (``path: message``) that only ``workers`` above 1 makes."""
-    if workers <= 1:
-        return []
-    errors = []
+def single_process_reasons(sources: dict[str, Any], sinks: dict[str, Any]) -> list[str]:
+    """What in the config only one process can run (``path: why``)."""
+    reasons = []
     for component in sources.values():
         listen = component.options.get("listen")
         if isinstance(listen, str) and listen.strip().lower().startswith("systemd:"):
-            errors.append(
-                f"{component.path}.listen: systemd socket activation passes the socket to one process; "
-                "it needs [router] workers = 1"
-            )
+            reasons.append(f"{component.path}.listen: systemd socket activation passes the socket to one process")
     for component in sinks.values():
         reason = getattr(component.cls, "SINGLE_PROCESS", None)
         if reason:
-            errors.append(f"{component.path}: {reason}; it needs [router] workers = 1")
-    return errors
+            reasons.append(f"{component.path}: {reason}")
+    return reasons
+
+
+def check(sources: dict[str, Any], sinks: dict[str, Any], workers: int) -> list[str]:
+    """Config errors (``path: message``) that only an explicit ``workers`` above 1 makes
+    (``auto`` falls back to one process instead)."""
+    if workers <= 1:
+        return []
+    return [f"{reason}; it needs [router] workers = 1" for reason in single_process_reasons(sources, sinks)]

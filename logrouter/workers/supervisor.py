@@ -15,6 +15,7 @@ every worker re-read the config file.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import itertools
 import json
@@ -59,6 +60,7 @@ class Listener:
         self.type = source_type
         self.listen = listen
         self.sock: socket.socket | None = None
+        self.address: tuple[str, int] = ("", 0)
         self.passed = 0
         self.dropped = 0
 
@@ -76,8 +78,8 @@ class Listener:
             sock.close()
             raise
         self.sock = sock
-        host, bound = sock.getsockname()[:2]
-        return host, bound
+        self.address = sock.getsockname()[:2]
+        return self.address
 
     def start(self) -> None:
         self.supervisor.reactor.addReader(self)
@@ -117,16 +119,14 @@ class Listener:
         return f"listener-{self.name}"
 
 
-def _needs_restart(old: Config, new: Config) -> str:
-    if new.router["workers"] != old.router["workers"]:
-        return f"[router] workers changed ({old.router['workers']} -> {new.router['workers']}): that needs a restart"
-    shared_old = {n: old.sources[n].options["listen"] for n in plan.shared_sources(old)}
-    shared_new = {n: new.sources[n].options["listen"] for n in plan.shared_sources(new)}
-    if shared_old != shared_new:
-        return "the TCP/TLS sources or their listen addresses changed: with workers, that needs a restart"
-    if new.router["metrics_listen"] != old.router["metrics_listen"]:
-        return "[router] metrics_listen changed: with workers, that needs a restart"
-    return ""
+def _kept_until_restart(old: Config, new: Config) -> list[str]:
+    """What a reload cannot change in the supervisor (it keeps the running values)."""
+    kept = [f"router.{key}" for key in ("workers", "metrics_listen") if new.router[key] != old.router[key]]
+    if new.spool != old.spool:
+        kept.append("[spool]")
+    if new.compaction != old.compaction:
+        kept.append("[compaction]")
+    return kept
 
 
 class SupervisorResource(resource.Resource):
@@ -142,11 +142,23 @@ class SupervisorResource(resource.Resource):
         if request.path == b"/health":
             request.setHeader(b"content-type", b"text/plain")
             return b"ok\n"
-        if request.path != b"/metrics":
+        parts = request.path.split(b"/")
+        if request.path == b"/metrics":
+            page = self.supervisor.metrics_page()
+        elif len(parts) == 4 and parts[1] == b"workers" and parts[2].isdigit() and parts[3] == b"metrics":
+            page = self.supervisor.worker_page(int(parts[2]))
+        else:
             request.setResponseCode(404)
-            return b"not found: try /metrics or /health\n"
+            return b"not found: try /metrics, /workers/<index>/metrics or /health\n"
         request.setHeader(b"content-type", b"text/plain; version=0.0.4")
-        self.supervisor.metrics_page().addCallback(lambda text: (request.write(text.encode()), request.finish()))
+
+        def answer(text: str | None) -> None:
+            if text is None:
+                request.setResponseCode(404)
+                text = "no such worker, or it is not running\n"
+            _answer(request, text)
+
+        page.addCallback(answer)
         return server.NOT_DONE_YET
 
     def render_POST(self, request: server.Request) -> Any:
@@ -159,11 +171,18 @@ class SupervisorResource(resource.Resource):
             ok, text = result
             if not ok:
                 request.setResponseCode(409)
-            request.write((text + "\n").encode("utf-8"))
-            request.finish()
+            _answer(request, text + "\n")
 
         self.supervisor.reload().addCallback(answer)
         return server.NOT_DONE_YET
+
+
+def _answer(request: server.Request, text: str) -> None:
+    """Write and finish, unless the client went away while the workers answered."""
+    if request.finished or getattr(request, "_disconnected", False):
+        return
+    request.write(text.encode("utf-8"))
+    request.finish()
 
 
 class WorkerProcess(protocol.ProcessProtocol):
@@ -284,7 +303,7 @@ class SupervisorService(service.Service):
         self.reactor = reactor
         self.config = config
         self.config_path = config_path
-        self.accepting = int(config.router["workers"])  # the workers connections go to
+        self.accepting, self.why = plan.workers(config)  # the workers connections go to
         self.count = plan.processes(config)  # with those that only drain a spool left behind
         self.listeners: dict[str, Listener] = {}
         self.addresses: dict[str, tuple[str, int]] = {}
@@ -312,6 +331,8 @@ class SupervisorService(service.Service):
             listener = Listener(self, name, component.cls.TYPE, component.options["listen"])
             self.addresses[name] = listener.bind()
             self.listeners[name] = listener
+        if self.why:
+            self.log.info("workers = auto: {count} workers ({why})", count=self.accepting, why=self.why)
         if self.count > self.accepting:
             self.log.warn(
                 "{extra} worker spool(s) left by a router run with more workers: started to drain them "
@@ -327,11 +348,7 @@ class SupervisorService(service.Service):
             return
         for listener in self.listeners.values():
             listener.start()
-            host, port = self.addresses[listener.name]
-            self.log.info(
-                "{type} source {name} listening on {host} port {port} (connections go to {workers} workers)",
-                type=listener.type, name=listener.name, host=host, port=port, workers=self.accepting,
-            )
+            self._announce(listener)
         listen = self.config.router["metrics_listen"]
         if listen:
             site = server.Site(SupervisorResource(self))
@@ -440,11 +457,19 @@ class SupervisorService(service.Service):
 
         return defer.gatherResults(asks).addCallback(render)
 
-    def reload(self) -> defer.Deferred:
-        """Check the config file, then have every worker apply it; fires with ``(ok, text)``.
+    def worker_page(self, index: int) -> defer.Deferred:
+        """One worker's own metrics page; None if there is no such worker running."""
+        if not 0 <= index < len(self.workers):
+            return defer.succeed(None)
+        return self.workers[index].request({"op": "metrics"}).addCallback(lambda reply: reply and reply.get("text"))
 
-        What only a restart can change is refused: the worker count and the listen
-        addresses of shared sources (the supervisor holds those sockets)."""
+    def reload(self) -> defer.Deferred:
+        """Check the config file, listen for new or moved TCP/TLS sources, have every
+        worker apply the file, then close what no source uses any more; fires with
+        ``(ok, text)``.
+
+        ``workers``, ``metrics_listen``, ``[spool]`` and ``[compaction]`` keep their
+        running values until a restart (the answer says so), as in one process."""
         self.log.info("reloading the config from {path}", path=self.config_path)
         try:
             new = load_file(self.config_path)
@@ -452,14 +477,30 @@ class SupervisorService(service.Service):
             for error in e.errors:
                 self.log.error("reload refused: {error}", error=error)
             return defer.succeed((False, "refused, the running config is unchanged:\n" + "\n".join(e.errors)))
-        problem = _needs_restart(self.config, new)
-        if problem:
-            self.log.error("reload refused: {problem}", problem=problem)
-            return defer.succeed((False, f"refused, the running config is unchanged: {problem}"))
-        asks = [w.request({"op": "reload"}) for w in self.workers]
+        kept = _kept_until_restart(self.config, new)
+        new = dataclasses.replace(
+            new, router={**new.router, "workers": self.config.router["workers"],
+                         "metrics_listen": self.config.router["metrics_listen"]},
+            spool=self.config.spool, compaction=self.config.compaction,
+        )
+        try:
+            opened, closing = self._listeners_for(new)
+        except OSError as e:
+            self.log.error("reload refused: {error}", error=e)
+            return defer.succeed((False, f"refused, the running config is unchanged: {e}"))
+        addresses = {name: address for name, address in self.addresses.items() if name not in closing}
+        addresses.update({name: listener.address for name, listener in opened.items()})
+        asks = [w.request({"op": "reload", "shared": addresses}) for w in self.workers]
 
         def combine(replies: list) -> tuple[bool, str]:
             self.config = new
+            for name in closing:
+                self.listeners.pop(name).close()
+            self.addresses = addresses
+            for name, listener in opened.items():
+                self.listeners[name] = listener
+                listener.start()
+                self._announce(listener)
             lines, ok = [], True
             for worker, reply in zip(self.workers, replies):
                 if reply is None:
@@ -468,9 +509,46 @@ class SupervisorService(service.Service):
                 else:
                     ok = ok and bool(reply.get("ok"))
                     lines.append(f"worker {worker.index}: {reply.get('text')}")
+            if kept:
+                lines.append(f"needs a restart to change (kept as running): {', '.join(kept)}")
             return ok, "\n".join(lines)
 
         return defer.gatherResults(asks).addCallback(combine)
+
+    def _listeners_for(self, new: Config) -> tuple[dict[str, "Listener"], set[str]]:
+        """Bind the shared sources ``new`` adds or moves to another address (all or none:
+        an address that cannot be bound raises ``OSError`` with the source named), and
+        the names of the listeners to close once the workers applied ``new``."""
+        wanted = {name: new.sources[name] for name in plan.shared_sources(new)}
+        closing = {name for name in self.listeners if name not in wanted}
+        opened: dict[str, Listener] = {}
+        try:
+            for name, component in wanted.items():
+                listen = component.options["listen"]
+                current = self.listeners.get(name)
+                if current is not None and listen_address(current.listen) == listen_address(listen):
+                    current.listen, current.type = listen, component.cls.TYPE  # same socket, maybe new TLS options
+                    continue
+                listener = Listener(self, name, component.cls.TYPE, listen)
+                try:
+                    listener.bind()
+                except OSError as e:
+                    raise OSError(e.errno, f"sources.{name}.listen: cannot listen on {listen!r}: {e.strerror or e}") from None
+                opened[name] = listener
+                if current is not None:
+                    closing.add(name)
+        except OSError:
+            for listener in opened.values():
+                listener.close()
+            raise
+        return opened, closing
+
+    def _announce(self, listener: "Listener") -> None:
+        host, port = listener.address
+        self.log.info(
+            "{type} source {name} listening on {host} port {port} (connections go to {workers} workers)",
+            type=listener.type, name=listener.name, host=host, port=port, workers=self.accepting,
+        )
 
     def reply_limit(self) -> float:
         return max(60.0, float(self.config.router["shutdown_timeout_secs"] or 0))

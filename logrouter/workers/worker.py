@@ -55,7 +55,7 @@ class WorkerService(RouterService):
                  passed: PassedConnections, channel_socket: socket.socket) -> None:
         super().__init__(config, reactor, config_path)
         self.index = index
-        self.config_transform = lambda loaded: worker_config(loaded, index, count)
+        self.config_transform = lambda loaded: worker_config(loaded, index, count, set(passed.addresses))
         self.passed = passed
         self.channel = Channel(reactor, channel_socket, self._message, self._supervisor_gone)
 
@@ -75,18 +75,21 @@ class WorkerService(RouterService):
         op = message.get("op")
         if op == "connection":
             self.passed.adopt(str(message.get("source")), fds)
-        elif op == "metrics":
+            return
+        for fd in fds:
+            os.close(fd)  # only connections come with descriptors
+        if op == "metrics":
             from logrouter.metrics import render
 
             text = render(self.router) if self.router is not None else ""
             self.channel.send({"op": "metrics", "id": message.get("id"), "text": text})
         elif op == "reload":
+            shared = message.get("shared")
+            if isinstance(shared, dict):  # the supervisor's listeners for the new config
+                self.passed.addresses = {name: (host, int(port)) for name, (host, port) in shared.items()}
             self.reload().addCallback(
                 lambda result: self.channel.send({"op": "reloaded", "id": message.get("id"), "ok": result[0], "text": result[1]})
             )
-        else:
-            for fd in fds:
-                os.close(fd)
 
     def _supervisor_gone(self) -> None:
         if self.running:
@@ -116,13 +119,13 @@ def main(argv: list[str] | None = None) -> None:
 
     from twisted.internet import reactor
 
+    shared = {name: (host, int(port)) for name, (host, port) in json.loads(args.shared).items()}
     try:
-        config = worker_config(load_file(args.config), args.index, args.count)
+        config = worker_config(load_file(args.config), args.index, args.count, set(shared))
     except ConfigError as e:
         for error in e.errors:
             print(f"[logrouter.worker#error] config: {error}", flush=True)
         raise SystemExit(1)
-    shared = {name: (host, int(port)) for name, (host, port) in json.loads(args.shared).items()}
     passed = PassedConnections(reactor, shared)
     channel_socket = socket.socket(fileno=args.channel_fd)
     service = WorkerService(config, reactor, args.config, args.index, args.count, passed, channel_socket)
