@@ -83,17 +83,25 @@ class MetricsResource(resource.Resource):
         if request.path != b"/reload" or getattr(self.router, "reload_hook", None) is None:
             request.setResponseCode(404)
             return b"not found: POST /reload\n"
-        request.setHeader(b"content-type", b"text/plain; charset=utf-8")
+        return answer_reload(request, self.router.reload_hook())
 
-        def answer(result: tuple[bool, str]) -> None:
-            ok, text = result
-            if not ok:
-                request.setResponseCode(409)
-            request.write((text + "\n").encode("utf-8"))
-            request.finish()
 
-        self.router.reload_hook().addCallback(answer)
-        return server.NOT_DONE_YET
+def answer_reload(request: server.Request, reloading: Any) -> Any:
+    """Answer ``POST /reload`` once ``reloading`` fires with ``(ok, text)``: 200 with what
+    changed, or 409 with why nothing did."""
+    request.setHeader(b"content-type", b"text/plain; charset=utf-8")
+
+    def answer(result: tuple[bool, str]) -> None:
+        ok, text = result
+        if request.finished or getattr(request, "_disconnected", False):
+            return  # the client went away meanwhile
+        if not ok:
+            request.setResponseCode(409)
+        request.write((text + "\n").encode("utf-8"))
+        request.finish()
+
+    reloading.addCallback(answer)
+    return server.NOT_DONE_YET
 
 
 def site(router: Any) -> server.Site:

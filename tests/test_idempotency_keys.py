@@ -118,21 +118,10 @@ def test_a_damaged_snapshot_only_weakens_deduplication(tmp_path, damage):
     assert dedupe.load_snapshot(str(path)) == ([], 0)
 
 
-@pytest.fixture
-def reactor_with_threads():
-    from twisted.internet import reactor
-
-    pool = reactor.getThreadPool()
-    if not pool.started:
-        pool.start()
-    yield reactor
-    reactor._stopThreadPool()
-
-
-def test_a_stop_whose_final_dedupe_snapshot_cannot_be_written_still_completes(tmp_path, monkeypatch, reactor_with_threads):
+def test_a_stop_whose_final_dedupe_snapshot_cannot_be_written_still_completes(tmp_path, monkeypatch, threaded_reactor):
     """A full disk at the stop (the snapshot's write fails) is logged, never an unhandled
     failure of the stop; the next start rebuilds the window from the spool."""
-    reactor = reactor_with_threads
+    reactor = threaded_reactor
 
     router = Router(load_string(f'[spool]\npath = "{tmp_path}/spool"\n'), reactor)
     spin(reactor, router.start())

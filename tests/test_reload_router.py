@@ -52,13 +52,8 @@ def cfg(tmp_path, body):
 
 
 @pytest.fixture
-def reactor_():
-    from twisted.internet import reactor
-    pool = reactor.getThreadPool()
-    if not pool.started:
-        pool.start()
-    yield reactor
-    reactor._stopThreadPool()
+def reactor_(threaded_reactor):
+    return threaded_reactor
 
 
 A = '[sinks.a]\ntype = "rv_collect"\ninputs = ["in"]\n'

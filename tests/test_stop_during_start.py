@@ -43,15 +43,8 @@ roll_secs = 3600               # nothing is sealed while the chunks arrive
 
 
 @pytest.fixture
-def reactor():
-    """The global reactor, iterated by hand, with its thread pool running for the test."""
-    from twisted.internet import reactor
-
-    pool = reactor.getThreadPool()
-    if not pool.started:
-        pool.start()
-    yield reactor
-    reactor._stopThreadPool()
+def reactor(threaded_reactor):
+    return threaded_reactor
 
 
 def run(reactor, d: defer.Deferred, timeout: float = 60):

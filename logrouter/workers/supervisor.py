@@ -33,6 +33,7 @@ from zope.interface import implementer
 
 from logrouter.config.endpoints import listen_address
 from logrouter.config.load import Config, ConfigError, load_file, warnings
+from logrouter.metrics import answer_reload
 from logrouter.service import _exit_failed, install_sighup, quiet_repeated_stops, start_compaction
 from logrouter.sources.stream import normal_ip
 from logrouter.workers import plan
@@ -165,16 +166,7 @@ class SupervisorResource(resource.Resource):
         if request.path != b"/reload":
             request.setResponseCode(404)
             return b"not found: POST /reload\n"
-        request.setHeader(b"content-type", b"text/plain; charset=utf-8")
-
-        def answer(result: tuple[bool, str]) -> None:
-            ok, text = result
-            if not ok:
-                request.setResponseCode(409)
-            _answer(request, text + "\n")
-
-        self.supervisor.reload().addCallback(answer)
-        return server.NOT_DONE_YET
+        return answer_reload(request, self.supervisor.reload())
 
 
 def _answer(request: server.Request, text: str) -> None:
