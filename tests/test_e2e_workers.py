@@ -90,7 +90,7 @@ def worker_pids(supervisor: int) -> dict[int, int]:
                 argv = f.read().split(b"\0")
         except (OSError, IndexError, ValueError):
             continue
-        if ppid == supervisor and b"logrouter.workers.worker" in argv:
+        if ppid == supervisor and any(b"logrouter.workers.worker" in arg for arg in argv):
             found[int(argv[argv.index(b"--index") + 1])] = int(entry)
     return found
 

@@ -198,7 +198,8 @@ class WorkerProcess(protocol.ProcessProtocol):
         supervisor = self.supervisor
         ours, theirs = channel_pair()
         args = [
-            sys.executable, "-m", "logrouter.workers.worker",
+            # -c, not -m: the classes keep their module's name in the log namespaces
+            sys.executable, "-c", "from logrouter.workers.worker import main; main()",
             "--config", supervisor.config_path, "--index", str(self.index), "--count", str(supervisor.accepting),
             "--channel-fd", "3", "--parent", str(os.getpid()), "--shared", json.dumps(supervisor.addresses),
         ]

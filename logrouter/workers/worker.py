@@ -1,6 +1,6 @@
 """A worker process: one whole router, started by the supervisor, talking over its channel.
 
-``python -m logrouter.workers.worker --config PATH --index I --count N --channel-fd FD
+``python -c "from logrouter.workers.worker import main; main()" --config PATH --index I --count N --channel-fd FD
 --parent PID --shared JSON`` (the supervisor builds the command line). The worker reads
 the config file itself and runs what ``plan.worker_config`` derives from it (also on each
 reload). Connections of shared sources come over the channel; everything else (its
@@ -129,6 +129,9 @@ def main(argv: list[str] | None = None) -> None:
     passed = PassedConnections(reactor, shared)
     channel_socket = socket.socket(fileno=args.channel_fd)
     service = WorkerService(config, reactor, args.config, args.index, args.count, passed, channel_socket)
+    # Ctrl-C reaches the whole process group; the supervisor turns it into the SIGTERM
+    # that stops each worker, so a worker does not stop early by itself (and look crashed).
+    reactor.callWhenRunning(signal.signal, signal.SIGINT, signal.SIG_IGN)
     reactor.callWhenRunning(service.startService)
     reactor.addSystemEventTrigger("before", "shutdown", service.stopService)
     reactor.run()
