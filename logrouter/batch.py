@@ -4,6 +4,11 @@ An event is a ``(time_ns, record)`` tuple: ``time_ns`` is an ``int`` of nanoseco
 since the Unix epoch (UTC) and ``record`` a ``dict`` with ``str`` keys. Sources build
 batches, filters return new or narrowed batches, sinks consume them. Nothing in the
 router handles single events outside of a batch.
+
+A source may also hand over the events as they arrived, still encoded (``packed``:
+e.g. a PackedForward entries blob and the clock reading its decode used), so the spool
+stores those bytes instead of encoding the events again (``logrouter.spool.record``).
+``packed`` must decode to exactly ``events``; a batch made by ``replace`` has none.
 """
 
 from __future__ import annotations
@@ -16,15 +21,16 @@ Event = tuple[int, dict[str, Any]]
 class Batch:
     """A tag with its events, plus the name of the source that produced it."""
 
-    __slots__ = ("tag", "events", "source")
+    __slots__ = ("tag", "events", "source", "packed")
 
-    def __init__(self, tag: str, events: list[Event], source: str = "") -> None:
+    def __init__(self, tag: str, events: list[Event], source: str = "", packed: tuple | None = None) -> None:
         self.tag = tag
         self.events = events
         self.source = source
+        self.packed = packed
 
     def replace(self, events: list[Event] | None = None, tag: str | None = None) -> "Batch":
-        """A copy with other events and/or tag; the source is kept."""
+        """A copy with other events and/or tag; the source is kept (``packed`` is not)."""
         return Batch(
             self.tag if tag is None else tag,
             self.events if events is None else events,

@@ -331,7 +331,20 @@ class Router:
             feed.live = True
             return
         epoch = feed.epoch
-        feed.reading = threads.deferToThread(self.spool.read, feed.delivered, limit, READ_CHUNK_BYTES)
+        read = self.spool.read
+
+        def read_batches(start: int, end: int) -> tuple[list, int]:
+            # Decoded in the reading thread too, off the reactor: [(record, batch or error)].
+            records, next_position = read(start, end, READ_CHUNK_BYTES)
+            decoded: list = []
+            for record in records:
+                try:
+                    decoded.append((record, decode_batch(record.payload)[0]))
+                except Exception as e:  # noqa: BLE001 - reported and skipped by _caught_up
+                    decoded.append((record, e))
+            return decoded, next_position
+
+        feed.reading = threads.deferToThread(read_batches, feed.delivered, limit)
         feed.reading.addCallback(self._caught_up, feed, epoch)
         feed.reading.addErrback(self._read_failed, feed)
 
@@ -340,14 +353,12 @@ class Router:
         # from inside write() must not start a second read from a half-fed position.
         if epoch == feed.epoch:
             records, next_position = result
-            for record in records:
+            for record, batch in records:
                 if epoch != feed.epoch:
                     break  # the sink failed on the way: it is fed again from its cursor
-                try:
-                    batch, _ = decode_batch(record.payload)
-                except Exception as e:
+                if isinstance(batch, Exception):
                     self.log.error("spool record at {position} cannot be decoded ({error}); skipped",
-                                   position=record.offset, error=e)
+                                   position=record.offset, error=batch)
                 else:
                     for node in self.routes.get(batch.source, ()):
                         node.push(batch, record.offset, len(record.payload), feed.targets)

@@ -149,7 +149,8 @@ class ForwardProtocol(StreamProtocol):
             self.ack(chunk)
             return
         on_durable = None if chunk is None else (lambda: self.ack(chunk))
-        self.submit(Batch(message.tag, message.events), on_durable, chunk)
+        # packed: the entries as received, which the spool stores instead of encoding the events
+        self.submit(Batch(message.tag, message.events, packed=message.packed), on_durable, chunk)
 
     def ack(self, chunk: bytes | None) -> None:
         if chunk is not None:

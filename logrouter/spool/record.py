@@ -6,8 +6,15 @@ inside msgpack str); ``surrogateescape`` writes and reads those bytes back uncha
 The optional idempotency key is what lets retransmissions be recognised after a restart
 (see ``logrouter.dedupe``): ``[source, batch id]`` or ``[source, writer, event number]``.
 
-Versions: 1 knew batch ids only; 2 adds writer keys. Both are read, so a spool written
-before an upgrade still replays.
+Layout: ``[version, source, tag, events, key]``. Versions: 1 knew batch ids only; 2 adds
+writer keys; 3 stores, in place of the events, what arrived: ``[format, bytes, now]``
+for a batch that carries it (``Batch.packed``), so storing costs a copy of those bytes
+instead of encoding every event. The only format is ``"forward"``: a PackedForward
+entries blob (inflated) and the clock reading its time-0 entries got, decoded again by
+``wire.fluent_forward.decode_entries`` into exactly the events the live path routed.
+That decode must stay stable: a change to what it yields for the same bytes needs a new
+format name here. Batches without ``packed`` are written as version 2. Every version
+is read, so a spool written before an upgrade still replays.
 """
 
 from __future__ import annotations
@@ -15,14 +22,23 @@ from __future__ import annotations
 import msgpack
 
 from logrouter.batch import Batch
+from logrouter.wire.fluent_forward import decode_entries
 
-VERSION = 2
-READABLE_VERSIONS = (1, 2)
+VERSION = 2  # batches of decoded events
+PACKED_VERSION = 3  # batches that carry what arrived
+READABLE_VERSIONS = (1, 2, 3)
+FORWARD_ENTRIES = "forward"
 _PACK = {"use_bin_type": True, "unicode_errors": "surrogateescape"}
 _UNPACK = {"raw": False, "unicode_errors": "surrogateescape", "strict_map_key": False, "use_list": True}
 
 
 def encode_batch(batch: Batch, key: tuple | None = None) -> bytes:
+    packed = batch.packed
+    if packed is not None:
+        entries, now = packed
+        return msgpack.packb(
+            (PACKED_VERSION, batch.source, batch.tag, (FORWARD_ENTRIES, entries, now), key), **_PACK
+        )
     return msgpack.packb((VERSION, batch.source, batch.tag, batch.events, key), **_PACK)
 
 
@@ -32,9 +48,15 @@ def _key(key: list | None) -> tuple | None:
 
 def decode_batch(payload: bytes) -> tuple[Batch, tuple | None]:
     version, source, tag, events, key = msgpack.unpackb(payload, **_UNPACK)
-    if version not in READABLE_VERSIONS:
+    if version == PACKED_VERSION:
+        form, entries, now = events
+        if form != FORWARD_ENTRIES:
+            raise ValueError(f"unknown packed events format {form!r} in a spool record")
+        events, _ = decode_entries(entries, now)
+    elif version not in READABLE_VERSIONS:
         raise ValueError(f"unknown spool record version {version}")
-    # Events come back as [time_ns, record] lists; they unpack like the tuples sources build.
+    # Events come back as [time_ns, record] lists (versions 1, 2) or tuples (3); both
+    # unpack like the tuples sources build.
     return Batch(tag, events, source), _key(key)
 
 

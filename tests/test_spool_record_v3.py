@@ -1,0 +1,249 @@
+"""Spool records of version 3 (what arrived, stored as received) and the older versions.
+
+A PackedForward message's entries are stored as their bytes plus the clock reading
+its time-0 entries got; decoding the record gives exactly the events the live path
+routed. Records of versions 1 and 2 (decoded events) still decode and replay.
+"""
+
+from __future__ import annotations
+
+import gzip
+import struct
+
+import msgpack
+import pytest
+from twisted.internet import defer
+
+import source_fakes
+from helpers import spin
+from logrouter import registry
+from logrouter.batch import Batch
+from logrouter.config.load import load_string
+from logrouter.router import Router
+from logrouter.sinks.base import SINK_OPTIONS, SinkBase
+from logrouter.sources.fluent_forward import FluentForwardSource
+from logrouter.spool.log import SpoolLog
+from logrouter.spool.record import decode_batch, decode_key, encode_batch
+from logrouter.wire import fluent_forward as wire
+
+NS = 1_000_000_000
+T0 = 1_700_000_000
+NOW_NS = 1_800_000_000_123_456_789
+
+
+def event_time(seconds: int, nanos: int = 0) -> msgpack.ExtType:
+    return msgpack.ExtType(0, struct.pack(">II", seconds, nanos))
+
+
+def packed_message(entries: list, options: dict | None = None, compress: bool = False) -> bytes:
+    blob = b"".join(msgpack.packb(entry, use_bin_type=True, unicode_errors="surrogateescape") for entry in entries)
+    options = dict(options or {})
+    if compress:
+        blob = gzip.compress(blob)
+        options["compressed"] = "gzip"
+    parts = [b"\x93", msgpack.packb("app.log"), b"\xdb", len(blob).to_bytes(4, "big"), blob, msgpack.packb(options)]
+    return b"".join(parts)
+
+
+ODD_ENTRIES = [
+    [event_time(T0, 5), {"msg": "hello", "n": 1}],
+    [0, {"msg": "time zero gets now"}],  # twice: one clock reading for the message
+    [event_time(0, 0), {"msg": "EventTime zero is now too"}],
+    [T0, {b"bin key": "int seconds", 7: "int key"}],
+    ["bad time", {"msg": "invalid"}],
+    [T0, "not a map"],
+    "not an entry",
+    [T0 + 1.5, {"float": True}],
+    [event_time(T0, 9), {"nested": {"seen": event_time(T0, 1), "ext": msgpack.ExtType(5, b"xy")}}],
+    [event_time(T0), {"bytes": b"\xff\x00", "text": b"caf\xc3\xa9 \xff".decode("utf-8", "surrogateescape")}],
+]
+
+
+def decode_live(data: bytes) -> wire.EventMessage:
+    clock_reads = []
+
+    def now_ns() -> int:
+        clock_reads.append(NOW_NS)
+        return NOW_NS
+
+    (message,) = wire.ForwardDecoder(now_ns=now_ns).feed(data)
+    assert len(clock_reads) <= 1
+    return message
+
+
+@pytest.mark.parametrize("compress", [False, True])
+def test_a_packed_forward_message_is_stored_as_received_and_decodes_to_the_same_events(compress):
+    message = decode_live(packed_message(ODD_ENTRIES, {"chunk": "c1"}, compress))
+    assert message.invalid == 3 and len(message.events) == 7
+    entries, now = message.packed
+    assert now == NOW_NS
+    assert entries == b"".join(msgpack.packb(e, use_bin_type=True, unicode_errors="surrogateescape") for e in ODD_ENTRIES)  # inflated, exact
+    batch = Batch(message.tag, message.events, "fwd", packed=message.packed)
+    payload = encode_batch(batch, ("fwd", b"c1"))
+    assert msgpack.unpackb(payload, raw=False, strict_map_key=False)[0] == 3
+    assert entries in payload  # a copy of the bytes, not an encoding of the events
+    replayed, key = decode_batch(payload)
+    assert key == ("fwd", b"c1") and decode_key(payload) == ("fwd", b"c1")
+    assert (replayed.tag, replayed.source) == ("app.log", "fwd")
+    assert replayed.events == message.events
+    assert [type(t) for t, _ in replayed.events] == [int] * 7
+    nested = replayed.events[5][1]["nested"]
+    assert type(nested["seen"]) is wire.EventNanos and nested["ext"] == msgpack.ExtType(5, b"xy")
+
+
+def test_without_time_zero_entries_no_clock_reading_is_stored():
+    message = decode_live(packed_message([[event_time(T0), {"a": 1}]]))
+    assert message.packed[1] is None
+    replayed, key = decode_batch(encode_batch(Batch(message.tag, message.events, "fwd", packed=message.packed)))
+    assert replayed.events == [(T0 * NS, {"a": 1})] and key is None
+
+
+def test_other_carrier_modes_carry_nothing_packed_and_are_stored_as_version_2():
+    forward = wire.encode_forward("t", [(T0 * NS, {"a": 1})])
+    (message,) = wire.ForwardDecoder().feed(forward)
+    assert message.packed is None
+    payload = encode_batch(Batch(message.tag, message.events, "fwd", packed=message.packed))
+    assert msgpack.unpackb(payload)[0] == 2
+    assert decode_batch(payload)[0].events == [[T0 * NS, {"a": 1}]]
+
+
+def test_a_replaced_batch_carries_no_packed_entries():
+    batch = Batch("t", [(1, {"a": 1})], "s", packed=(b"", None))
+    assert batch.replace(tag="u").packed is None
+    assert batch.replace(events=[]).packed is None
+
+
+def test_the_packed_entries_match_however_the_message_was_split():
+    data = packed_message(ODD_ENTRIES[:4], {"chunk": "c"})
+    whole = decode_live(data)
+    decoder = wire.ForwardDecoder(now_ns=lambda: NOW_NS)
+    pieces = [m for i in range(len(data)) for m in decoder.feed(data[i : i + 1])]
+    assert len(pieces) == 1 and pieces[0].packed == whole.packed and pieces[0].events == whole.events
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_records_of_older_versions_still_decode(version):
+    key = ["fwd", b"chunk"] if version == 1 else ["pravega", b"writer", 41]
+    payload = msgpack.packb([version, "fwd", "app", [[T0 * NS, {"a": "b"}]], key], use_bin_type=True)
+    batch, got = decode_batch(payload)
+    assert (batch.tag, batch.source, got) == ("app", "fwd", tuple(key))
+    assert [tuple(e) for e in batch.events] == [(T0 * NS, {"a": "b"})]
+    assert decode_key(payload) == tuple(key)
+
+
+def test_an_unknown_version_or_packed_format_is_refused():
+    with pytest.raises(ValueError, match="version 9"):
+        decode_batch(msgpack.packb([9, "s", "t", [], None]))
+    with pytest.raises(ValueError, match="format 'lumberjack'"):
+        decode_batch(msgpack.packb([3, "s", "t", ["lumberjack", b"", None], None], use_bin_type=True))
+    assert decode_key(msgpack.packb([9, "s", "t", [], ["s", b"k"]])) is None
+
+
+def test_the_forward_source_hands_the_router_the_entries_it_received():
+    source, router, _ = source_fakes.make_source(FluentForwardSource, "fwd")
+    conn = source_fakes.Conn(source)
+    conn.send(packed_message([[event_time(T0), {"a": 1}], [event_time(T0, 1), {"b": 2}]], {"chunk": "k"}))
+    (batch,) = router.batches
+    assert batch.packed is not None and batch.source == "fwd"
+    replayed, key = decode_batch(encode_batch(batch, ("fwd", b"k")))
+    assert replayed.events == batch.events == [(T0 * NS, {"a": 1}), (T0 * NS + 1, {"b": 2})]
+
+
+# -- replay through the router -----------------------------------------------------------
+
+
+class ReplaySink(SinkBase):
+    OPTIONS = dict(SINK_OPTIONS)
+    TYPE = "v3_collect"
+    got: list = []
+
+    def start(self):
+        st = self.state.load() if self.state else None
+        self.cursor = st["cursor"] if st else 0
+        return defer.succeed(self.cursor)
+
+    def write(self, batch, position, size):
+        ReplaySink.got.extend((batch.tag, batch.source, tuple(event)) for event in batch.events)
+
+    def advance(self, end):
+        self.cursor = end
+        self.on_progress()
+
+    def stop(self):
+        self.state.save({"cursor": self.cursor})
+        return defer.succeed(None)
+
+
+@pytest.fixture
+def collect():
+    registry.load_builtin()
+    registry.sink("v3_collect")(ReplaySink)
+    ReplaySink.got = []
+    yield ReplaySink.got
+    del registry.SINKS["v3_collect"]
+
+
+def test_a_spool_of_older_records_and_version_3_records_replays_in_order(tmp_path, collect, threaded_reactor):
+    reactor = threaded_reactor
+    packed = decode_live(packed_message([[event_time(T0, 3), {"v": 3}], [0, {"v": "now"}]]))
+    payloads = [
+        msgpack.packb([1, "in", "old", [[T0 * NS, {"v": 1}]], ["in", b"c1"]], use_bin_type=True),
+        msgpack.packb([2, "in", "old", [[T0 * NS + 2, {"v": 2}]], None], use_bin_type=True),
+        encode_batch(Batch(packed.tag, packed.events, "in", packed=packed.packed), ("in", b"c3")),
+    ]
+    spool = SpoolLog(reactor, str(tmp_path / "spool"))
+    spool.open()
+    spin(reactor, defer.gatherResults([spool.append(p) for p in payloads]))
+    spin(reactor, spool.close())
+
+    config = load_string(
+        f'[spool]\npath = "{tmp_path}/spool"\n'
+        '[sources.in]\ntype = "fluent_forward"\nlisten = "tcp:0:interface=127.0.0.1"\n'
+        '[sinks.out]\ntype = "v3_collect"\ninputs = ["in"]\n'
+    )
+    router = Router(config, reactor)
+    try:
+        spin(reactor, router.start())
+        deadline = reactor.seconds() + 30
+        while len(collect) < 4 and reactor.seconds() < deadline:
+            spin(reactor, defer.Deferred().addTimeout(0.01, reactor).addErrback(lambda _: None))
+        # the ids of every version are known again: a resend is not stored twice
+        assert router.dedupe.lookup(("in", b"c1")) is not None
+        assert router.dedupe.lookup(("in", b"c3")) is not None
+    finally:
+        spin(reactor, router.stop())
+    assert collect == [
+        ("old", "in", (T0 * NS, {"v": 1})),
+        ("old", "in", (T0 * NS + 2, {"v": 2})),
+        ("app.log", "in", (T0 * NS + 3, {"v": 3})),
+        ("app.log", "in", (NOW_NS, {"v": "now"})),
+    ]
+
+
+# -- a str blob is fed as bin (the framer's shortcut) -------------------------------------
+
+
+def blob_message(tag_header: bytes, blob_kind: int, entries: bytes, options: bytes = b"\x80") -> bytes:
+    length = len(entries)
+    size = {0xD9: 1, 0xDA: 2, 0xDB: 4, 0xC4: 1, 0xC6: 4}[blob_kind]
+    return b"\x93" + tag_header + bytes((blob_kind,)) + length.to_bytes(size, "big") + entries + options
+
+
+@pytest.mark.parametrize("tag_header", [b"\xa3a.b", b"\xd9\x03a.b", b"\xc4\x03a.b"])
+@pytest.mark.parametrize("blob_kind", [0xD9, 0xDA, 0xDB])
+def test_a_str_blob_decodes_like_the_same_bytes_sent_as_bin(tag_header, blob_kind):
+    entries = b"".join(
+        msgpack.packb([event_time(T0, i), {"i": i, "raw": b"\xdb\xd9\x92\x93", "t": "\u00e9"}], use_bin_type=True)
+        for i in range(3)
+    )
+    as_bin = blob_message(tag_header, 0xC4 if blob_kind == 0xD9 else 0xC6, entries)
+    (expected,) = wire.ForwardDecoder().feed(as_bin)
+    stream = blob_message(tag_header, blob_kind, entries) * 3 + b"\xc0" + blob_message(tag_header, blob_kind, entries)
+    for step in (len(stream), 1, 7, 50):
+        decoder = wire.ForwardDecoder()
+        got = [m for i in range(0, len(stream), step) for m in decoder.feed(stream[i : i + step])]
+        messages = [m for m in got if isinstance(m, wire.EventMessage)]
+        assert len(messages) == 4 and len(got) == 5
+        for message in messages:
+            assert message.tag == "a.b" and message.events == expected.events
+            assert message.packed[0] == entries
