@@ -29,7 +29,7 @@ from logrouter.sinks.state import SinkState
 from logrouter.sources.base import Source, SourceContext, build_source
 from logrouter.spool.log import SpoolLog
 from logrouter.spool.segment import MAX_PAYLOAD
-from logrouter.spool.record import decode_batch, decode_key, encode_batch
+from logrouter.spool.record import RecentBatches, decode_batch, decode_key, encode_batch
 
 READ_CHUNK_BYTES = 4 << 20
 LOW_WATER = 0.8  # resume sources / feed a sink again below this share of its bound
@@ -243,6 +243,16 @@ class Router:
         self.events_in += len(batch.events)
         durability = self.durability.get(batch.source) or self.spool.durability
         d = self.spool.append(payload, durability)
+        recent = getattr(self, "recent_batches", None)
+        if recent is None:
+            # Batches of the newest records, for a sink that reads them back soon (_catch_up).
+            recent = self.recent_batches = RecentBatches()
+
+        def stored(written: tuple[int, int]) -> tuple[int, int]:
+            recent.add(written[0], batch, len(payload))
+            return written
+
+        d.addCallback(stored)
         d.addCallbacks(self._route_live, self._spool_failed, (batch, len(payload), dedupe_key))
         if dedupe_key is not None:
             d.addErrback(self._not_stored, dedupe_key)
@@ -332,6 +342,8 @@ class Router:
             return
         epoch = feed.epoch
         read = self.spool.read
+        recent = getattr(self, "recent_batches", None)
+        decode = recent.decode if recent is not None else (lambda _, payload: decode_batch(payload)[0])
 
         def read_batches(start: int, end: int) -> tuple[list, int]:
             # Decoded in the reading thread too, off the reactor: [(record, batch or error)].
@@ -339,7 +351,7 @@ class Router:
             decoded: list = []
             for record in records:
                 try:
-                    decoded.append((record, decode_batch(record.payload)[0]))
+                    decoded.append((record, decode(record.offset, record.payload)))
                 except Exception as e:  # noqa: BLE001 - reported and skipped by _caught_up
                     decoded.append((record, e))
             return decoded, next_position

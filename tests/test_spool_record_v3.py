@@ -247,3 +247,25 @@ def test_a_str_blob_decodes_like_the_same_bytes_sent_as_bin(tag_header, blob_kin
         for message in messages:
             assert message.tag == "a.b" and message.events == expected.events
             assert message.packed[0] == entries
+
+
+# -- recent batches: a sink catching up takes them instead of decoding again ---------------
+
+
+def test_recent_batches_are_taken_by_position_within_their_byte_bound():
+    from logrouter.spool.record import RecentBatches
+
+    recent = RecentBatches(limit=100)
+    batches = [Batch("t", [(i, {"i": i})], "s") for i in range(4)]
+    payloads = [encode_batch(b) for b in batches]
+    for position, batch in enumerate(batches):
+        recent.add(position * 1000, batch, 40)
+    # the first two fell out of the 100-byte bound: decoded from their payloads
+    assert recent.decode(0, payloads[0]) is not batches[0]
+    assert [tuple(e) for e in recent.decode(0, payloads[0]).events] == [(0, {"i": 0})]
+    assert recent.decode(1000, payloads[1]) is not batches[1]
+    assert recent.decode(2000, payloads[2]) is batches[2]
+    assert recent.decode(3000, payloads[3]) is batches[3]
+    assert recent.hits == 2
+    recent.clear()
+    assert recent.decode(3000, payloads[3]) is not batches[3]

@@ -19,6 +19,8 @@ is read, so a spool written before an upgrade still replays.
 
 from __future__ import annotations
 
+import collections
+
 import msgpack
 
 from logrouter.batch import Batch
@@ -70,3 +72,45 @@ def decode_key(payload: bytes) -> tuple | None:
     for _ in range(3):
         unpacker.skip()
     return _key(unpacker.unpack())
+
+
+RECENT_BYTES = 16 << 20  # spool bytes of recent records whose batches are kept
+
+
+class RecentBatches:
+    """The batches of the newest spool records, by position, up to ``limit`` spool bytes.
+
+    A sink that fell behind reads those records back soon after they were stored; taking
+    the batch they were encoded from saves decoding them again (for a version 3 record
+    that is the whole decode of what arrived). ``get`` may run in another thread.
+    Batches are shared, as they are on the live path: nothing may change them in place.
+    """
+
+    def __init__(self, limit: int = RECENT_BYTES) -> None:
+        self.limit = limit
+        self.hits = 0
+        self._batches: dict[int, Batch] = {}
+        self._sizes: collections.deque[tuple[int, int]] = collections.deque()
+        self._bytes = 0
+
+    def add(self, position: int, batch: Batch, size: int) -> None:
+        self._batches[position] = batch
+        self._sizes.append((position, size))
+        self._bytes += size
+        while self._bytes > self.limit:
+            old, old_size = self._sizes.popleft()
+            self._bytes -= old_size
+            self._batches.pop(old, None)
+
+    def decode(self, position: int, payload: bytes) -> Batch:
+        """The batch of the record at ``position``: the one stored there, if still kept."""
+        batch = self._batches.get(position)
+        if batch is None:
+            return decode_batch(payload)[0]
+        self.hits += 1
+        return batch
+
+    def clear(self) -> None:
+        self._batches = {}
+        self._sizes.clear()
+        self._bytes = 0
