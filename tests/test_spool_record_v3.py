@@ -269,3 +269,25 @@ def test_recent_batches_are_taken_by_position_within_their_byte_bound():
     assert recent.hits == 2
     recent.clear()
     assert recent.decode(3000, payloads[3]) is not batches[3]
+
+
+def test_event_time_entries_read_their_times_from_the_bytes_like_the_general_path():
+    entries = [
+        [event_time(T0, 1), {"a": 1}],
+        [event_time(0, 0), {"zero": "now"}],
+        [event_time(T0, 2), {b"bin": {"seen": event_time(T0, 3)}, 5: "int key"}],
+        [event_time(0xFFFFFFFF, 999_999_999), {"max": True}],
+    ]
+    blob = b"".join(msgpack.packb(e, use_bin_type=True) for e in entries)
+    usual = wire._event_time_entries(blob, lambda: NOW_NS)
+    assert usual is not None
+    unpacker = wire._new_unpacker(len(blob) + 1)
+    unpacker.feed(blob)
+    assert usual == wire._collect_events(unpacker, lambda: NOW_NS)
+    assert usual[0][1] == (NOW_NS, {"zero": "now"})
+    assert type(usual[0][2][1]["bin"]["seen"]) is wire.EventNanos
+    # any other shape, or a cut, is left to the general path
+    assert wire._event_time_entries(blob + msgpack.packb([T0, {"a": 1}]), lambda: 0) is None
+    assert wire._event_time_entries(blob + msgpack.packb([event_time(T0), "no map"]), lambda: 0) is None
+    assert wire._event_time_entries(blob[:-1], lambda: 0) is None
+    assert wire._event_time_entries(blob + b"\x92\xd7\x00\x01", lambda: 0) is None

@@ -765,8 +765,62 @@ def _chunk_of(options: dict[str, Any]) -> bytes | None:
     raise ForwardDecodeError(f"chunk option is not a string (got {type(chunk).__name__})")
 
 
+# An entry [EventTime, ...] with its time as fixext8 of type 0, as fluentd and Fluent Bit send it.
+_EVENT_TIME_ENTRY = b"\x92\xd7\x00"
+_EVENT_TIME_ENTRY_HEAD = len(_EVENT_TIME_ENTRY) + _EVENT_TIME.size
+_LOW_32 = (1 << 32) - 1
+
+
+def _event_time_entries(
+    blob: bytes, now_ns: Callable[[], int]
+) -> tuple[list[tuple[int, dict[str, Any]]], int] | None:
+    """``_packed_events`` for a blob whose every entry is ``[EventTime, map]``; else None.
+
+    Each entry's time is read from its bytes rather than built by the ext hook (a
+    Python call per event, a fifth of the decode); the record is unpacked as always
+    (an EventTime nested in it still comes out as ``EventNanos``). At the first entry
+    of any other shape, or any fault, it gives up and the general path decodes the whole
+    blob: the events and errors are then exactly that path's.
+    """
+    unpacker = _new_unpacker(len(blob) + 1)
+    unpacker.feed(blob)
+    read, unpack = unpacker.read_bytes, unpacker.unpack
+    prefix, head_size = _EVENT_TIME_ENTRY, _EVENT_TIME_ENTRY_HEAD
+    low, scale = _LOW_32, NANOS_PER_SECOND
+    events: list[tuple[int, dict[str, Any]]] = []
+    append = events.append
+    now = None
+    try:
+        while True:
+            head = read(head_size)
+            if len(head) != head_size or not head.startswith(prefix):
+                if head:
+                    return None
+                break
+            value = int.from_bytes(head, "big")
+            time_ns = (value >> 32 & low) * scale + (value & low)
+            record = unpack()
+            if type(record) is not dict:
+                return None
+            if not time_ns:  # time 0 means "now" (in_forward); one clock read per message
+                if now is None:
+                    now = now_ns()
+                time_ns = now
+            for key in record:
+                if type(key) is not str:
+                    record = _str_keyed(record)
+                    break
+            append((time_ns, record))
+    except Exception:  # noqa: BLE001 - e.g. a record cut short or not msgpack: the general path says
+        return None
+    return events, 0
+
+
 def _packed_events(blob: bytes, now_ns: Callable[[], int]) -> tuple[list[tuple[int, dict[str, Any]]], int]:
     """The events of a whole (inflated) PackedForward blob, decoded at once."""
+    usual = _event_time_entries(blob, now_ns)
+    if usual is not None:
+        return usual
     # A second unpacker over the blob: entries are decoded straight into the loop.
     unpacker = _new_unpacker(len(blob) + 1)  # +1: room for the end-of-entries probe
     unpacker.feed(blob)
