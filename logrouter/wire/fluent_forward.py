@@ -765,10 +765,11 @@ def _chunk_of(options: dict[str, Any]) -> bytes | None:
     raise ForwardDecodeError(f"chunk option is not a string (got {type(chunk).__name__})")
 
 
-# An entry [EventTime, ...] with its time as fixext8 of type 0, as fluentd and Fluent Bit send it.
-_EVENT_TIME_ENTRY = b"\x92\xd7\x00"
-_EVENT_TIME_ENTRY_HEAD = len(_EVENT_TIME_ENTRY) + _EVENT_TIME.size
-_LOW_32 = (1 << 32) - 1
+# The head of an entry [EventTime, ...] with its time as fixext8 of type 0, as fluentd and
+# Fluent Bit send it: 0x92, 0xd7 0x00, u32 seconds, u32 nanoseconds.
+_EVENT_TIME_ENTRY = struct.Struct(">BHII")
+_ENTRY_ARRAY = 0x92
+_FIXEXT8_EVENT_TIME = 0xD700
 
 
 def _event_time_entries(
@@ -785,20 +786,24 @@ def _event_time_entries(
     unpacker = _new_unpacker(len(blob) + 1)
     unpacker.feed(blob)
     read, unpack = unpacker.read_bytes, unpacker.unpack
-    prefix, head_size = _EVENT_TIME_ENTRY, _EVENT_TIME_ENTRY_HEAD
-    low, scale = _LOW_32, NANOS_PER_SECOND
+    head_size, unpack_head = _EVENT_TIME_ENTRY.size, _EVENT_TIME_ENTRY.unpack
+    array, event_time, scale = _ENTRY_ARRAY, _FIXEXT8_EVENT_TIME, NANOS_PER_SECOND
+    str_keys = "".join  # raises TypeError for a key that is not str, without a loop per key
     events: list[tuple[int, dict[str, Any]]] = []
     append = events.append
     now = None
     try:
         while True:
             head = read(head_size)
-            if len(head) != head_size or not head.startswith(prefix):
+            try:
+                marker, ext, seconds, nanos = unpack_head(head)
+            except struct.error:
                 if head:
-                    return None
+                    return None  # a short entry
                 break
-            value = int.from_bytes(head, "big")
-            time_ns = (value >> 32 & low) * scale + (value & low)
+            if marker != array or ext != event_time:
+                return None
+            time_ns = seconds * scale + nanos
             record = unpack()
             if type(record) is not dict:
                 return None
@@ -806,10 +811,10 @@ def _event_time_entries(
                 if now is None:
                     now = now_ns()
                 time_ns = now
-            for key in record:
-                if type(key) is not str:
-                    record = _str_keyed(record)
-                    break
+            try:
+                str_keys(record)
+            except TypeError:
+                record = _str_keyed(record)
             append((time_ns, record))
     except Exception:  # noqa: BLE001 - e.g. a record cut short or not msgpack: the general path says
         return None
