@@ -291,3 +291,23 @@ def test_event_time_entries_read_their_times_from_the_bytes_like_the_general_pat
     assert wire._event_time_entries(blob + msgpack.packb([event_time(T0), "no map"]), lambda: 0) is None
     assert wire._event_time_entries(blob[:-1], lambda: 0) is None
     assert wire._event_time_entries(blob + b"\x92\xd7\x00\x01", lambda: 0) is None
+
+
+def test_the_scanner_stands_down_for_a_long_message_and_starts_again_after_it(monkeypatch):
+    monkeypatch.setattr(wire, "_SCAN_BYTES", 64)
+    small = blob_message(b"\xa1t", 0xDB, msgpack.packb([event_time(T0), {"a": 1}]))
+    big_entries = b"".join(msgpack.packb([event_time(T0, i), {"i": i, "pad": "x" * 20}]) for i in range(20))
+    big = blob_message(b"\xa1t", 0xDB, big_entries)
+    stream = small + big + small * 3 + big + small
+    expected = [len(m.events) for m in wire.ForwardDecoder().feed(stream)]
+    assert expected == [1, 20, 1, 1, 1, 20, 1]
+    for step in (1, 13, 100, 333):
+        decoder = wire.ForwardDecoder()
+        got = []
+        stood_down = False
+        for i in range(0, len(stream), step):
+            got += decoder.feed(stream[i : i + step])
+            stood_down = stood_down or decoder._framer._scanner is None
+        assert [len(m.events) for m in got] == expected and stood_down
+        assert all(m.packed is not None for m in got)
+        assert decoder._framer._scanner is not None  # scanning again after the long ones

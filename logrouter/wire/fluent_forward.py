@@ -448,6 +448,7 @@ def _oversize(limit: int, detail: str = "") -> ForwardDecodeError:
 # of the decode. The bytes that come out are the same either way.
 _STR_AS_BIN = {0xD9: 0xC4, 0xDA: 0xC5, 0xDB: 0xC6}
 _SHORT_TAG = range(0xA0, 0xC0)  # fixstr
+_SCAN_BYTES = 1 << 20  # the longest message in progress the scanner keeps a copy of
 
 
 def _blob_header_at(data: Any, index: int) -> int | None:
@@ -483,8 +484,12 @@ class _MsgpackFramer:
         # Runs ahead over the same bytes without building anything (skip), to find where
         # messages start before they are fed; None once it met input it cannot skip (the
         # unpacker then reports the fault).
+        # It holds a copy of a message in progress, so it stands down for a message longer
+        # than _SCAN_BYTES (restarted after it: _rescan), and memory stays about one copy.
         self._scanner: msgpack.Unpacker | None = msgpack.Unpacker(max_buffer_size=limit)
+        self._scan_base = 0  # stream offset of the scanner's first byte
         self._next_start = 0  # stream offset where the first message not yet skipped starts
+        self._rescan = False
 
     @property
     def pending_bytes(self) -> int:
@@ -529,9 +534,11 @@ class _MsgpackFramer:
                     if header is not None:
                         headers.append(header)
                 scanner.skip()
-                self._next_start = scanner.tell()
+                self._next_start = self._scan_base + scanner.tell()
         except msgpack.OutOfData:
-            pass
+            if end - self._next_start > _SCAN_BYTES:
+                self._scanner = None  # a long message: the unpacker's copy is enough
+                self._rescan = True
         except Exception:  # noqa: BLE001 - garbage, too deep, ...: the unpacker says what
             self._scanner = None
         if not headers:
@@ -540,6 +547,22 @@ class _MsgpackFramer:
         for header in headers:
             changed[header] = _STR_AS_BIN[changed[header]]
         return changed
+
+    def _restart_scanner(self, piece: Any, end: int) -> None:
+        """A new scanner from ``end`` (where the long message ended, inside ``piece``): the
+        rest of ``piece`` was fed as it came; the messages after it are scanned again."""
+        self._rescan = False
+        scanner = self._scanner = msgpack.Unpacker(max_buffer_size=self._limit)
+        self._scan_base = self._next_start = end
+        try:
+            scanner.feed(piece[end - (self._fed - len(piece)) :])
+            while True:
+                scanner.skip()
+                self._next_start = end + scanner.tell()
+        except msgpack.OutOfData:
+            pass
+        except Exception:  # noqa: BLE001 - the unpacker reports it
+            self._scanner = None
 
     def _drain(self, piece: Any) -> Iterator[tuple[Any, int]]:
         unpacker = self._unpacker
@@ -564,6 +587,8 @@ class _MsgpackFramer:
             end = unpacker.tell()
             size = end - self._message_start
             self._message_start = end
+            if self._rescan:
+                self._restart_scanner(piece, end)
             if size > self._limit:
                 raise _oversize(self._limit)
             yield obj, size
