@@ -100,6 +100,10 @@ class RouterService(service.Service):
         return d.addCallbacks(applied, failed)
 
     def _running(self, _: Any) -> None:
+        if self.config_path is not None:  # a daemon's process, not a test's
+            from logrouter import gc_tuning
+
+            gc_tuning.tune()
         self.log.info(self.RUNNING)
         self.compaction = start_compaction(self.config, self.reactor)
         if self.compaction is not None:
