@@ -159,13 +159,15 @@ def client_context(cert: Path) -> ssl.SSLContext:
 
 
 def source_to_lake(name: str, source_type: str, durability: str, listen: str = "tcp:0:interface=127.0.0.1",
-                   workers: int = 1, **source: str) -> str:
+                   workers: int = 1, lake_compression: str = "zstd", **source: str) -> str:
     """The benchmarks' config: one source straight into a parquet lake, metrics on."""
     extra = "".join(f"{key} = {json.dumps(value)}\n" for key, value in source.items())
     return f"""
 [router]
 metrics_listen = "tcp:0:interface=127.0.0.1"
 workers = {workers}
+# no limit: the stop lets a slowed sink catch up, so the lake holds every acked row
+shutdown_timeout_secs = 0
 [spool]
 path = "spool"
 durability = "{durability}"
@@ -176,12 +178,13 @@ listen = {json.dumps(listen)}
 type = "parquet"
 inputs = ["{name}"]
 path = "lake"
+compression = "{lake_compression}"
 """
 
 
 def start_daemon(workdir: Path, durability: str, listen: str = "tcp:0:interface=127.0.0.1",
-                 workers: int = 1) -> tuple[subprocess.Popen, int, int, list[str]]:
-    return launch(workdir, source_to_lake("forward", "fluent_forward", durability, listen, workers), "forward")
+                 workers: int = 1, lake_compression: str = "zstd") -> tuple[subprocess.Popen, int, int, list[str]]:
+    return launch(workdir, source_to_lake("forward", "fluent_forward", durability, listen, workers, lake_compression), "forward")
 
 
 def launch(workdir: Path, config_text: str, source: str) -> tuple[subprocess.Popen, int, int, list[str]]:
@@ -333,6 +336,9 @@ def main() -> None:
     parser.add_argument("--tls", action="store_true", help="listen on ssl: with a throwaway self-signed certificate")
     parser.add_argument("--port", type=int, help="drive a running daemon on 127.0.0.1:PORT instead")
     parser.add_argument("--workers", type=int, default=1, help="[router] workers of the daemon")
+    parser.add_argument("--slow-sink", action="store_true",
+                        help="slow the Parquet sink down (brotli instead of zstd), so it falls behind the senders: "
+                             "what the sink's queue and the spool's backlog cost in memory")
     args = parser.parse_args()
     stats = Stats()
     if args.port:
@@ -350,11 +356,13 @@ def main() -> None:
             escape = lambda path: str(path).replace(":", r"\:")  # noqa: E731 - endpoint strings split on ':'
             listen = f"ssl:0:privateKey={escape(key)}:certKey={escape(cert)}:interface=127.0.0.1"
             context = client_context(cert)
-        proc, port, metrics_port, lines = start_daemon(workdir, args.durability, listen, args.workers)
+        proc, port, metrics_port, lines = start_daemon(workdir, args.durability, listen, args.workers,
+                                                       "brotli" if args.slow_sink else "zstd")
         run = measure(workdir, proc, metrics_port, lambda: asyncio.run(drive("127.0.0.1", port, args, stats, context)))
         elapsed, fsync_count, rss, code, stop_secs, rows = (
             run.elapsed, run.fsyncs, run.rss_mb, run.exit_code, run.stop_secs, run.rows)
-        variant = (f" compress={args.compress}" if args.compress != "text" else "") + (" tls=on" if args.tls else "")
+        variant = ((f" compress={args.compress}" if args.compress != "text" else "") + (" tls=on" if args.tls else "")
+                   + (" slow-sink (brotli)" if args.slow_sink else ""))
         print(f"workers={args.workers} durability={args.durability} connections={args.connections} window={args.window} "
               f"events/chunk={args.events_per_chunk}{variant}")
         print(f"  {stats.acked_events / elapsed:,.0f} events/s acked ({stats.acked_events:,} events in {elapsed:.1f}s)")
