@@ -74,7 +74,7 @@ def decode_key(payload: bytes) -> tuple | None:
     return _key(unpacker.unpack())
 
 
-RECENT_BYTES = 16 << 20  # spool bytes of recent records whose batches are kept
+RECENT_BYTES = 8 << 20  # spool bytes of recent records whose batches are kept
 
 
 class RecentBatches:
