@@ -29,7 +29,7 @@ from logrouter.sinks.state import SinkState
 from logrouter.sources.base import Source, SourceContext, build_source
 from logrouter.spool.log import SpoolLog
 from logrouter.spool.segment import MAX_PAYLOAD
-from logrouter.spool.record import RecentBatches, decode_batch, decode_key, encode_batch
+from logrouter.spool.record import RecentBatches, decode_key, encode_batch
 
 READ_CHUNK_BYTES = 4 << 20
 LOW_WATER = 0.8  # resume sources / feed a sink again below this share of its bound
@@ -135,6 +135,8 @@ class Router:
         self.max_spool_bytes = spool["max_bytes"]
         self.dedupe = dedupe.DedupeWindow(spool["dedupe_window"])
         self.dedupe_path = os.path.join(spool["path"], "dedupe.msgpack")
+        # Batches of the newest records, for a sink that reads them back soon (_catch_up).
+        self.recent_batches = RecentBatches()
         self.sinks = {name: c.cls(name, c.options, self.errors, reactor) for name, c in config.sinks.items()}
         self.filters = {name: c.cls(name, c.options, self.errors) for name, c in config.filters.items()}
         self.source_context = SourceContext(
@@ -243,16 +245,7 @@ class Router:
         self.events_in += len(batch.events)
         durability = self.durability.get(batch.source) or self.spool.durability
         d = self.spool.append(payload, durability)
-        recent = getattr(self, "recent_batches", None)
-        if recent is None:
-            # Batches of the newest records, for a sink that reads them back soon (_catch_up).
-            recent = self.recent_batches = RecentBatches()
-
-        def stored(written: tuple[int, int]) -> tuple[int, int]:
-            recent.add(written[0], batch, len(payload))
-            return written
-
-        d.addCallback(stored)
+        d.addCallback(self._remember, batch, len(payload))
         d.addCallbacks(self._route_live, self._spool_failed, (batch, len(payload), dedupe_key))
         if dedupe_key is not None:
             d.addErrback(self._not_stored, dedupe_key)
@@ -261,6 +254,10 @@ class Router:
             d.addErrback(lambda f: self.log.failure("spool write failed", f))
             return defer.succeed(None)
         return d
+
+    def _remember(self, written: tuple[int, int], batch: Batch, size: int) -> tuple[int, int]:
+        self.recent_batches.add(written[0], batch, size)
+        return written
 
     def last_event_number(self, source: str, writer: bytes) -> int | None:
         """The number of the last event stored for ``writer`` of ``source`` (survives restarts)."""
@@ -342,8 +339,7 @@ class Router:
             return
         epoch = feed.epoch
         read = self.spool.read
-        recent = getattr(self, "recent_batches", None)
-        decode = recent.decode if recent is not None else (lambda _, payload: decode_batch(payload)[0])
+        decode = self.recent_batches.decode
 
         def read_batches(start: int, end: int) -> tuple[list, int]:
             # Decoded in the reading thread too, off the reactor: [(record, batch or error)].
