@@ -153,3 +153,22 @@ def log_lines():
     globalLogPublisher.addObserver(observe)
     yield lines
     globalLogPublisher.removeObserver(observe)
+
+
+class CursorSink:
+    """The cursor half of a test sink (mixed in before ``SinkBase``): starts from its saved
+    cursor, moves it as records are handed over, saves it at the stop. Subclasses keep what
+    ``write`` is given."""
+
+    def start(self):
+        saved = self.state.load() if self.state else None
+        self.cursor = saved["cursor"] if saved else 0
+        return defer.succeed(self.cursor)
+
+    def advance(self, end):
+        self.cursor = end
+        self.on_progress()
+
+    def stop(self):
+        self.state.save({"cursor": self.cursor})
+        return defer.succeed(None)

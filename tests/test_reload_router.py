@@ -5,6 +5,7 @@ from typing import Any
 import pytest
 from twisted.internet import defer
 from helpers import spin
+from source_fakes import CursorSink
 from logrouter import registry
 from logrouter.batch import Batch
 from logrouter.config.load import load_string
@@ -13,7 +14,7 @@ from logrouter.sinks.base import SINK_OPTIONS, SinkBase
 from logrouter.config.options import Option
 
 
-class CollectSink(SinkBase):
+class CollectSink(CursorSink, SinkBase):
     OPTIONS = {**SINK_OPTIONS, "fail_start": Option(bool, False, "x"), "v": Option(int, 0, "test")}
     TYPE = "rv_collect"
     got: dict[str, list] = {}
@@ -22,20 +23,10 @@ class CollectSink(SinkBase):
         if self.options["fail_start"]:
             return defer.fail(OSError("cannot start"))
         CollectSink.got.setdefault(self.name, [])
-        st = self.state.load() if self.state else None
-        self.cursor = st["cursor"] if st else 0
-        return defer.succeed(self.cursor)
+        return super().start()
 
     def write(self, batch, position, size):
         CollectSink.got[self.name].extend(r for _, r in batch.events)
-
-    def advance(self, end):
-        self.cursor = end
-        self.on_progress()
-
-    def stop(self):
-        self.state.save({"cursor": self.cursor})
-        return defer.succeed(None)
 
 
 @pytest.fixture(autouse=True)

@@ -16,6 +16,7 @@ from twisted.internet import defer
 
 import source_fakes
 from helpers import spin
+from source_fakes import CursorSink
 from logrouter import registry
 from logrouter.batch import Batch
 from logrouter.config.load import load_string
@@ -152,26 +153,13 @@ def test_the_forward_source_hands_the_router_the_entries_it_received():
 # -- replay through the router -----------------------------------------------------------
 
 
-class ReplaySink(SinkBase):
+class ReplaySink(CursorSink, SinkBase):
     OPTIONS = dict(SINK_OPTIONS)
     TYPE = "v3_collect"
     got: list = []
 
-    def start(self):
-        st = self.state.load() if self.state else None
-        self.cursor = st["cursor"] if st else 0
-        return defer.succeed(self.cursor)
-
     def write(self, batch, position, size):
         ReplaySink.got.extend((batch.tag, batch.source, tuple(event)) for event in batch.events)
-
-    def advance(self, end):
-        self.cursor = end
-        self.on_progress()
-
-    def stop(self):
-        self.state.save({"cursor": self.cursor})
-        return defer.succeed(None)
 
 
 @pytest.fixture
