@@ -118,3 +118,13 @@ def test_an_array_map_key_inside_a_record_is_kept_as_a_tuple() -> None:
     blob = _pack((event_time(5), {"nested": {(1, 2): "v"}}))
     assert ff._packed_events(blob, lambda: NOW) == ([(5 * 10**9, {"nested": {(1, 2): "v"}})], 0)
     assert _decode(blob, GENERAL)[0] == "error"
+
+
+@fuzz_settings()
+@given(st.binary(max_size=300), st.lists(st.sampled_from([b"\xff", b"\xd6\xff", b"\xd7\xff", b"\xc7\x0c\xff", b"\x0c\xff"]), max_size=80))
+def test_the_timestamp_probe_misses_no_timestamp_head(noise, pieces) -> None:
+    blob = noise + b"".join(pieces)
+    holds = any(head in blob for head in ff._TIMESTAMP_HEADS)
+    assert ff._may_hold_timestamp(blob) or not holds
+    if not any(byte == 0xFF for byte in blob[1:]):
+        assert not ff._may_hold_timestamp(blob)

@@ -16,6 +16,7 @@ only rows with fields outside the schema are visited one by one.
 from __future__ import annotations
 
 from itertools import repeat
+from operator import itemgetter
 from typing import Any, Callable, Sequence
 
 import pyarrow as pa
@@ -156,7 +157,10 @@ class TableBuilder:
                 if array is not None:
                     array = _accept(array, column_type, values)
             else:
-                values = list(map(dict.get, records, repeat(name, count)))
+                try:
+                    values = list(map(itemgetter(name), records))  # every record has it: the usual case
+                except KeyError:
+                    values = list(map(dict.get, records, repeat(name, count)))
                 try:
                     array = _accept(pa.array(values), column_type, values)
                 except _CONVERSION_ERRORS:

@@ -862,6 +862,27 @@ _ENTRY_HEAD = bytes((_ENTRY_ARRAY, _FIXEXT8_EVENT_TIME >> 8, EVENT_TIME_EXT_CODE
 # Where msgpack gives a Timestamp object for an ext -1 (fixext4, fixext8, ext8 of 12 bytes),
 # msgspec gives a datetime: a blob with any of these bytes is left to the other paths.
 _TIMESTAMP_HEADS = (b"\xd6\xff", b"\xd7\xff", b"\xc7\x0c\xff")
+_FF_PROBES = 64
+
+
+def _may_hold_timestamp(blob: bytes) -> bool:
+    """Whether a Timestamp head's bytes occur in ``blob`` (True may be a false alarm).
+
+    A scan for a two-byte needle runs at ~1 GB/s, a fifth of the decode for three of
+    them; finding the 0xff bytes (memchr) and looking behind each is a few microseconds
+    for a usual blob, where 0xff shows up only in some time bytes. Blobs full of 0xff
+    (many -1 values) go back to the scans after ``_FF_PROBES`` of them.
+    """
+    find = blob.find
+    position = find(b"\xff", 1)
+    for _ in range(_FF_PROBES):
+        if position < 0:
+            return False
+        before = blob[position - 1]
+        if before == 0xD6 or before == 0xD7 or (before == 0x0C and position > 1 and blob[position - 2] == 0xC7):
+            return True
+        position = find(b"\xff", position + 1)
+    return any(head in blob for head in _TIMESTAMP_HEADS)
 
 
 def _whole_blob_entries(
@@ -880,9 +901,8 @@ def _whole_blob_entries(
     what is accepted: an array used as a map key inside a record is kept as a tuple
     (as fluentd's in_forward keeps it), where msgpack's unpacker refuses the message.
     """
-    for head in _TIMESTAMP_HEADS:
-        if head in blob:
-            return None
+    if _may_hold_timestamp(blob):
+        return None
     try:
         entries = _WHOLE_BLOB_DECODER.decode(_ARRAY32_HEAD.pack(0xDD, blob.count(_ENTRY_HEAD)) + blob)
     except Exception:  # noqa: BLE001 - msgspec's DecodeError, or a nesting too deep for it
