@@ -217,6 +217,7 @@ def batch_builder(tag_template: TagTemplate, drop_metadata: bool = False) -> Cal
     static_tag = tag_template.static
     render = tag_template.render
     whole_seconds = _SECONDS_CACHE.get
+    fraction_scale = _FRACTION_SCALE
 
     def timed(records: list[dict[str, Any]], now: int) -> list[tuple[int, dict[str, Any]]]:
         events = []
@@ -228,12 +229,13 @@ def batch_builder(tag_template: TagTemplate, drop_metadata: bool = False) -> Cal
             if stamp != last:  # consecutive events mostly share their stamp: parse once
                 last = stamp
                 t = -1
-                # Inline fast path for Beats' own form, 2024-01-02T03:04:05.678Z.
-                if stamp.__class__ is str and len(stamp) == 24 and stamp[19] == "." and stamp[23] == "Z":
+                # Inline fast path for UTC with a fraction: Beats' own 2024-01-02T03:04:05.678Z,
+                # and Go's RFC3339Nano (up to nine digits, trailing zeros cut).
+                if stamp.__class__ is str and 21 < len(stamp) < 31 and stamp[19] == "." and stamp[-1] == "Z":
                     seconds = whole_seconds(stamp[:19])
-                    millis = stamp[20:23]
-                    if seconds is not None and millis.isdigit():
-                        t = seconds * NANOS + int(millis) * 1_000_000
+                    digits = stamp[20:-1]
+                    if seconds is not None and digits.isascii() and digits.isdigit():
+                        t = seconds * NANOS + int(digits) * fraction_scale[len(digits)]
                 if t < 0:
                     t = _time_of(stamp, now)
             append((t, r))
