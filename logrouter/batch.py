@@ -9,6 +9,10 @@ A source may also hand over the events as they arrived, still encoded (``packed`
 e.g. a PackedForward entries blob and the clock reading its decode used), so the spool
 stores those bytes instead of encoding the events again (``logrouter.spool.record``).
 ``packed`` must decode to exactly ``events``; a batch made by ``replace`` has none.
+
+``json_values`` says the records hold nothing but what JSON decodes to (dicts with str
+keys, lists, str, int, float, bool, None), as the JSON sources build them: the spool
+then encodes them with a faster encoder (``logrouter.spool.record``). ``replace`` drops it.
 """
 
 from __future__ import annotations
@@ -21,13 +25,16 @@ Event = tuple[int, dict[str, Any]]
 class Batch:
     """A tag with its events, plus the name of the source that produced it."""
 
-    __slots__ = ("tag", "events", "source", "packed")
+    __slots__ = ("tag", "events", "source", "packed", "json_values")
 
-    def __init__(self, tag: str, events: list[Event], source: str = "", packed: tuple | None = None) -> None:
+    def __init__(
+        self, tag: str, events: list[Event], source: str = "", packed: tuple | None = None, json_values: bool = False
+    ) -> None:
         self.tag = tag
         self.events = events
         self.source = source
         self.packed = packed
+        self.json_values = json_values
 
     def replace(self, events: list[Event] | None = None, tag: str | None = None) -> "Batch":
         """A copy with other events and/or tag; the source is kept (``packed`` is not)."""

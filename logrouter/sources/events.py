@@ -248,7 +248,7 @@ def batch_builder(tag_template: TagTemplate, drop_metadata: bool = False) -> Cal
             if drop_metadata:
                 for r in records:
                     r.pop("@metadata", None)
-            return [Batch(static_tag, timed(records, now))]
+            return [Batch(static_tag, timed(records, now), json_values=True)]
         by_tag: dict[str, list[dict[str, Any]]] = {}
         for r in records:
             tag = render(r)
@@ -260,6 +260,6 @@ def batch_builder(tag_template: TagTemplate, drop_metadata: bool = False) -> Cal
         if drop_metadata:
             for r in records:
                 r.pop("@metadata", None)
-        return [Batch(tag, timed(group, now)) for tag, group in by_tag.items()]
+        return [Batch(tag, timed(group, now), json_values=True) for tag, group in by_tag.items()]
 
     return batches
