@@ -318,6 +318,11 @@ class Router:
                 self.log.failure("routing the batch at spool position {position} failed", position=position)
             for name in targets:
                 self._handed(self.feeds[name], end)
+        self._release_recent()
+
+    def _release_recent(self) -> None:
+        """The recent batches every sink has been handed are no longer needed."""
+        self.recent_batches.release(min((f.delivered for f in self.feeds.values()), default=self.routed_end))
 
     def _handed(self, feed: SinkFeed, end: int) -> None:
         feed.delivered = end
@@ -374,6 +379,7 @@ class Router:
             else:
                 if next_position > feed.delivered:
                     self._handed(feed, next_position)  # past damage that was quarantined
+            self._release_recent()
         feed.reading = None
         self._catch_up(feed)
         self._check_drained()

@@ -240,7 +240,7 @@ def test_a_str_blob_decodes_like_the_same_bytes_sent_as_bin(tag_header, blob_kin
 # -- recent batches: a sink catching up takes them instead of decoding again ---------------
 
 
-def test_recent_batches_are_taken_by_position_within_their_byte_bound():
+def test_recent_batches_keep_the_oldest_a_sink_reads_next_within_their_byte_bound():
     from logrouter.spool.record import RecentBatches
 
     recent = RecentBatches(limit=100)
@@ -248,15 +248,43 @@ def test_recent_batches_are_taken_by_position_within_their_byte_bound():
     payloads = [encode_batch(b) for b in batches]
     for position, batch in enumerate(batches):
         recent.add(position * 1000, batch, 40)
-    # the first two fell out of the 100-byte bound: decoded from their payloads
-    assert recent.decode(0, payloads[0]) is not batches[0]
-    assert [tuple(e) for e in recent.decode(0, payloads[0]).events] == [(0, {"i": 0})]
-    assert recent.decode(1000, payloads[1]) is not batches[1]
-    assert recent.decode(2000, payloads[2]) is batches[2]
-    assert recent.decode(3000, payloads[3]) is batches[3]
+    # the last two did not fit the 100-byte bound: decoded from their payloads
+    assert recent.decode(0, payloads[0]) is batches[0]
+    assert recent.decode(1000, payloads[1]) is batches[1]
+    assert recent.decode(2000, payloads[2]) is not batches[2]
+    assert [tuple(e) for e in recent.decode(2000, payloads[2]).events] == [(2, {"i": 2})]
     assert recent.hits == 2
-    recent.clear()
+    # every sink is past the first: it goes, and there is room for a newer one again
+    recent.release(1000)
+    assert recent.decode(0, payloads[0]) is not batches[0]
+    recent.add(3000, batches[3], 40)
+    assert recent.decode(1000, payloads[1]) is batches[1]
+    assert recent.decode(3000, payloads[3]) is batches[3]
+    recent.release(3001)
     assert recent.decode(3000, payloads[3]) is not batches[3]
+    recent.add(4000, batches[0], 40)
+    recent.clear()
+    assert recent.decode(4000, payloads[0]) is not batches[0]
+
+
+def test_with_every_sink_live_the_router_keeps_no_recent_batch(tmp_path, collect, threaded_reactor):
+    # A live sink is handed each batch as it is stored: nothing is left to read back, so
+    # the recent batches hold nothing (before, the newest 8 MiB stayed in memory).
+    reactor = threaded_reactor
+    config = load_string(
+        f'[spool]\npath = "{tmp_path}/spool"\n'
+        '[sources.in]\ntype = "fluent_forward"\nlisten = "tcp:0:interface=127.0.0.1"\n'
+        '[sinks.out]\ntype = "v3_collect"\ninputs = ["in"]\n'
+    )
+    router = Router(config, reactor)
+    try:
+        spin(reactor, router.start())
+        for i in range(5):
+            spin(reactor, router.ingest(Batch("t", [(T0 * NS + i, {"i": i})], "in")))
+        assert len(collect) == 5
+        assert router.recent_batches._bytes == 0 and not router.recent_batches._batches
+    finally:
+        spin(reactor, router.stop())
 
 
 def test_event_time_entries_read_their_times_from_the_bytes_like_the_general_path():

@@ -87,16 +87,21 @@ def decode_key(payload: bytes) -> tuple | None:
     return _key(unpacker.unpack())
 
 
-RECENT_BYTES = 8 << 20  # spool bytes of recent records whose batches are kept
+RECENT_BYTES = 8 << 20  # spool bytes of records whose batches are kept for a sink behind
 
 
 class RecentBatches:
-    """The batches of the newest spool records, by position, up to ``limit`` spool bytes.
+    """The batches of spool records some sink has still to be handed, by position, up to
+    ``limit`` spool bytes.
 
-    A sink that fell behind reads those records back soon after they were stored; taking
-    the batch they were encoded from saves decoding them again (for a version 3 record
-    that is the whole decode of what arrived). ``get`` may run in another thread.
-    Batches are shared, as they are on the live path: nothing may change them in place.
+    A sink that fell behind reads those records back; taking the batch they were encoded
+    from saves decoding them again (for a version 3 record that is the whole decode of
+    what arrived). The oldest are the ones it reads next, so once the bound is reached
+    newer records are not kept (rather than pushing out the ones it is about to read),
+    and ``release(position)`` lets go of every batch before the position all sinks have
+    been handed: with every sink live, nothing stays. ``decode`` may run in another
+    thread. Batches are shared, as they are on the live path: nothing may change them in
+    place.
     """
 
     def __init__(self, limit: int = RECENT_BYTES) -> None:
@@ -107,11 +112,17 @@ class RecentBatches:
         self._bytes = 0
 
     def add(self, position: int, batch: Batch, size: int) -> None:
+        if self._bytes + size > self.limit:
+            return  # full of older batches a sink reads first
         self._batches[position] = batch
         self._sizes.append((position, size))
         self._bytes += size
-        while self._bytes > self.limit:
-            old, old_size = self._sizes.popleft()
+
+    def release(self, position: int) -> None:
+        """Let go of the batches of records before ``position`` (every sink is past them)."""
+        sizes = self._sizes
+        while sizes and sizes[0][0] < position:
+            old, old_size = sizes.popleft()
             self._bytes -= old_size
             self._batches.pop(old, None)
 
