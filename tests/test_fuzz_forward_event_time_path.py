@@ -94,6 +94,11 @@ def test_the_whole_blob_path_takes_the_usual_blob() -> None:
     clock = mock.Mock(return_value=NOW)
     events, _ = ff._whole_blob_entries(_pack((event_time(0), {})) * 3, clock)
     assert [t for t, _ in events] == [NOW] * 3 and clock.call_count == 1
+    # a key given twice: the last value wins, in the first one's place (as msgpack does)
+    twice = b"\x92" + msgpack.packb(event_time(5)) + b"\x83\xa1a\x01\xa1b\x02\xa1a\x03"
+    assert ff._whole_blob_entries(twice, lambda: NOW) == ([(5 * 10**9, {"a": 3, "b": 2})], 0)
+    assert list(ff._whole_blob_entries(twice, lambda: NOW)[0][0][1]) == ["a", "b"]
+    assert _decode(twice) == _decode(twice, GENERAL)
 
 
 def test_the_whole_blob_path_steps_aside_where_msgspec_would_differ() -> None:

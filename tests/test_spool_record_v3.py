@@ -171,6 +171,16 @@ def collect():
     del registry.SINKS["v3_collect"]
 
 
+def collecting_router(tmp_path, reactor) -> Router:
+    """A forward source into the ``v3_collect`` sink, spool under ``tmp_path``."""
+    config = load_string(
+        f'[spool]\npath = "{tmp_path}/spool"\n'
+        '[sources.in]\ntype = "fluent_forward"\nlisten = "tcp:0:interface=127.0.0.1"\n'
+        '[sinks.out]\ntype = "v3_collect"\ninputs = ["in"]\n'
+    )
+    return Router(config, reactor)
+
+
 def test_a_spool_of_older_records_and_version_3_records_replays_in_order(tmp_path, collect, threaded_reactor):
     reactor = threaded_reactor
     packed = decode_live(packed_message([[event_time(T0, 3), {"v": 3}], [0, {"v": "now"}]]))
@@ -184,12 +194,7 @@ def test_a_spool_of_older_records_and_version_3_records_replays_in_order(tmp_pat
     spin(reactor, defer.gatherResults([spool.append(p) for p in payloads]))
     spin(reactor, spool.close())
 
-    config = load_string(
-        f'[spool]\npath = "{tmp_path}/spool"\n'
-        '[sources.in]\ntype = "fluent_forward"\nlisten = "tcp:0:interface=127.0.0.1"\n'
-        '[sinks.out]\ntype = "v3_collect"\ninputs = ["in"]\n'
-    )
-    router = Router(config, reactor)
+    router = collecting_router(tmp_path, reactor)
     try:
         spin(reactor, router.start())
         deadline = reactor.seconds() + 30
@@ -271,12 +276,7 @@ def test_with_every_sink_live_the_router_keeps_no_recent_batch(tmp_path, collect
     # A live sink is handed each batch as it is stored: nothing is left to read back, so
     # the recent batches hold nothing (before, the newest 8 MiB stayed in memory).
     reactor = threaded_reactor
-    config = load_string(
-        f'[spool]\npath = "{tmp_path}/spool"\n'
-        '[sources.in]\ntype = "fluent_forward"\nlisten = "tcp:0:interface=127.0.0.1"\n'
-        '[sinks.out]\ntype = "v3_collect"\ninputs = ["in"]\n'
-    )
-    router = Router(config, reactor)
+    router = collecting_router(tmp_path, reactor)
     try:
         spin(reactor, router.start())
         for i in range(5):
