@@ -305,7 +305,6 @@ class SupervisorService(service.Service):
         self.metrics_port: Any = None
         self.stopping = False
         self.ids = itertools.count(1)
-        self.restarts = 0
 
     # -- start ------------------------------------------------------------------------
 
@@ -384,7 +383,6 @@ class SupervisorService(service.Service):
         first, longest = RESTART_SECS
         worker.pause = min(longest, worker.pause * 2 or first)
         worker.restarts += 1
-        self.restarts += 1
         self.log.error(
             "worker {index} exited ({how}); starting it again in {pause:.0f}s (its spool is recovered; "
             "its clients' connections are closed meanwhile and they reconnect)",
