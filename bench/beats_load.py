@@ -389,8 +389,7 @@ def main() -> None:
               f"(window ~{per_window:,.0f} bytes on the wire, ~{per_event:.0f} bytes/event as JSON)")
         print(f"  {acked / elapsed:,.0f} events/s acked ({acked:,} events, {relay.windows:,} windows in {elapsed:.1f}s; "
               f"tst-send counted {load.sender_acked:,}; {relay.keepalives} keepalive ACKs)")
-        print(f"  {rows / (elapsed + run.stop_secs):,.0f} events/s end to end into Parquet "
-              f"(all rows committed by the end of the graceful stop)")
+        print(run.end_to_end_line(rows))
         print(run.cpu_line(rows))
         print(f"  {run.fsyncs / elapsed:,.1f} fsyncs/s, peak RSS {run.rss_mb:,.0f} MiB, "
               f"graceful stop {run.stop_secs:.1f}s (exit {run.exit_code})")

@@ -284,6 +284,12 @@ class Run:
         self.exit_code, self.stop_secs, self.rows = exit_code, stop_secs, rows
         self.cpu_secs = cpu_secs
 
+    def end_to_end_line(self, rows: int) -> str:
+        """Rows in the lake over the load plus the graceful stop, during which a sink
+        behind catches up and commits: the rate at which events really land in Parquet."""
+        return (f"  {rows / (self.elapsed + self.stop_secs):,.0f} events/s end to end into Parquet "
+                f"(all rows committed by the end of the graceful stop)")
+
     def cpu_line(self, events: int) -> str:
         per_million = self.cpu_secs / events * 1e6 if events else float("nan")
         return (f"  daemon CPU {self.cpu_secs:,.1f} s for the load and the stop = "
@@ -367,8 +373,7 @@ def main() -> None:
               f"events/chunk={args.events_per_chunk}{variant}")
         print(f"  {stats.acked_events / elapsed:,.0f} events/s acked ({stats.acked_events:,} events in {elapsed:.1f}s)")
         print(f"  {fsync_count / elapsed:,.1f} fsyncs/s, peak RSS {rss:,.0f} MiB, graceful stop {stop_secs:.1f}s (exit {code})")
-        print(f"  {rows / (elapsed + stop_secs):,.0f} events/s end to end into Parquet "
-              f"(all rows committed by the end of the graceful stop)")
+        print(run.end_to_end_line(rows))
         print(run.cpu_line(rows))
         print(f"  lake rows {rows:,} ({'matches' if rows == stats.acked_events else 'MISMATCH with'} acked events)")
         if rows != stats.acked_events or not run.clean_stop:

@@ -9,8 +9,9 @@ shipper compresses) with several payloads in flight per connection (``max pendin
 payloads``), each kept until its full ``ACKN``. A payload is encoded once; every send
 carries a fresh nonce spliced into it (a repeated nonce would be a retransmission, acked
 without being stored), so the generator costs next to nothing. Then it stops the daemon
-with SIGTERM and reports acked events/s, fsyncs/s, peak RSS, and the rows read back from
-the lake, which must equal the events acknowledged (exit 1 otherwise).
+with SIGTERM and reports acked events/s, events/s end to end (lake rows / (load + graceful
+stop)), the daemon's CPU seconds per million events, fsyncs/s, peak RSS, and the rows read
+back from the lake, which must equal the events acknowledged (exit 1 otherwise).
 
 Run by hand, e.g. ``.venv/bin/python bench/log_courier_load.py --seconds 20``.
 """
@@ -126,6 +127,7 @@ def main() -> None:
               f"{stats.payloads:,} payloads in {elapsed:.1f}s; {stats.partial} partial ACKNs)")
         print(f"  {run.fsyncs / elapsed:,.1f} fsyncs/s, peak RSS {run.rss_mb:,.0f} MiB, "
               f"graceful stop {run.stop_secs:.1f}s (exit {run.exit_code})")
+        print(run.end_to_end_line(run.rows))
         print(run.cpu_line(run.rows))
         print(f"  lake rows {run.rows:,} ({'matches' if run.rows == stats.acked_events else 'MISMATCH with'} acked events)")
         if run.rows != stats.acked_events or not run.clean_stop:

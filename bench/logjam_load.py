@@ -434,10 +434,10 @@ def report_daemon(stats: Stats, run, events: int, life_cpu: float) -> None:
     life_per_m = life_cpu / events * 1e6 if events else float("nan")
     print(f"  daemon CPU {stats.cpu:.1f}s during the load = {per_m:.1f} CPU s per million events "
           f"({life_cpu:.1f}s = {life_per_m:.1f} s/M over its whole life, start-up and stop included)")
+    print(run.end_to_end_line(run.rows))
     print(run.cpu_line(run.rows))
     print(f"  {run.fsyncs / run.elapsed:,.1f} fsyncs/s, peak RSS {run.rss_mb:,.0f} MiB, "
-          f"graceful stop {run.stop_secs:.1f}s (exit {run.exit_code}); "
-          f"{run.rows / (run.elapsed + run.stop_secs):,.0f} events/s end to end into Parquet")
+          f"graceful stop {run.stop_secs:.1f}s (exit {run.exit_code})")
 
 
 def main() -> None:

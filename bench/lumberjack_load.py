@@ -10,7 +10,8 @@ final ACK before sending the next (``--pipelining 2`` keeps two in flight, Beats
 default). The window is encoded once and sent again and again, so the generator costs
 next to nothing. Then it stops the daemon with SIGTERM and reports:
 
-* acked events/s while sending (an ACK only comes once the events are durable),
+* acked events/s while sending (an ACK only comes once the events are durable), events/s
+  end to end (lake rows / (load + graceful stop)) and the daemon's CPU s per million events,
 * the daemon's peak RSS (VmHWM) and fsyncs per second (from its metrics endpoint),
 * the rows read back from the lake, which must equal the events acknowledged (exit 1
   otherwise).
@@ -124,6 +125,7 @@ def main() -> None:
         print(f"  {stats.acked_events / elapsed:,.0f} events/s acked ({stats.acked_events:,} events, "
               f"{stats.windows:,} windows in {elapsed:.1f}s; {stats.keepalives} keepalive ACKs)")
         print(f"  {fsync_count / elapsed:,.1f} fsyncs/s, peak RSS {rss:,.0f} MiB, graceful stop {stop_secs:.1f}s (exit {code})")
+        print(run.end_to_end_line(rows))
         print(run.cpu_line(rows))
         print(f"  lake rows {rows:,} ({'matches' if rows == stats.acked_events else 'MISMATCH with'} acked events)")
         if rows != stats.acked_events or not run.clean_stop:

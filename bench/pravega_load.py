@@ -16,7 +16,8 @@ durable appends) and reports its count and time.
 Reported: events/s acknowledged (events flushed, all writers, over the time from "go" to
 the last flush), the count of each writer, the daemon's CPU seconds per million events
 (utime + stime of ``/proc/<pid>/stat`` over that time; includes the gRPC controller's
-threads, idle while writing), fsyncs/s, peak RSS (VmHWM); then the daemon is stopped
+threads, idle while writing), fsyncs/s, peak RSS (VmHWM), events/s end to end (lake rows /
+(load + graceful stop)); then the daemon is stopped
 with SIGTERM and the rows read back from the lake must equal the events acknowledged
 (exit 1 otherwise, or if a writer fails). Every process it starts is stopped at the end,
 on errors too.
@@ -211,6 +212,7 @@ def main() -> None:
     per_million = stats.cpu / acked * 1e6 if acked else float("nan")
     print(f"  daemon CPU {stats.cpu:.1f}s over the load ({per_million:,.1f} CPU s per million events, "
           f"{stats.cpu / elapsed:.2f} cores)")
+    print(run.end_to_end_line(run.rows))
     print(run.cpu_line(run.rows))
     print(f"  {stats.fsyncs / elapsed:,.1f} fsyncs/s, peak RSS {run.rss_mb:,.0f} MiB, "
           f"graceful stop {run.stop_secs:.1f}s (exit {run.exit_code})")
