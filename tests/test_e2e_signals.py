@@ -44,7 +44,9 @@ def test_a_second_stop_signal_while_stopping_is_quiet(tmp_path, first: int, gap_
         finally:
             client.close()
         status = daemon.process.wait(60)
-        assert status in (0, -signal.SIGTERM), daemon.output
+        # twistd re-raises the signal that stopped it: the second one, or the first when
+        # the stop was over before the second came (a quick stop with workers)
+        assert status in (0, -signal.SIGTERM, -first), daemon.output
         daemon.wait_for(r"Server Shut Down", timeout=10)
         assert "ReactorNotRunning" not in daemon.output, daemon.output
         assert "Traceback" not in daemon.output and "Unhandled" not in daemon.output, daemon.output
