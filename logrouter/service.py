@@ -82,8 +82,8 @@ class RouterService(service.Service):
             if self.config_transform is not None:
                 new = self.config_transform(new)
         except ConfigError as e:
-            for error in e.errors:
-                self.log.error("reload refused: {error}", error=error)
+            for problem in e.errors:
+                self.log.error("reload refused: {error}", error=problem)
             return defer.succeed((False, "refused, the running config is unchanged:\n" + "\n".join(e.errors)))
         d = self.router.reconfigure(new)
 

@@ -66,7 +66,7 @@ from logrouter.config.options import REQUIRED, Option, non_negative, one_of, pos
 from logrouter.config.zmq_endpoints import bind_option, check_zmq_endpoint
 from logrouter.lake.extra import encode_extra
 from logrouter.sinks.base import SINK_OPTIONS, SinkBase
-from logrouter.sinks.state import CursorSaver
+from logrouter.sinks.state import CursorNotices, CursorSaver
 from logrouter.sources.events import TagTemplate
 from logrouter.wire import logjam as wire
 from logrouter.wire.logjam import METADATA_NAMES
@@ -219,7 +219,7 @@ class _Record:
 
 
 @registry.sink("logjam")
-class LogjamSink(SinkBase):
+class LogjamSink(CursorNotices, SinkBase):
     # Its PUB socket binds, and importers track one device's sequence numbers.
     SINGLE_PROCESS = "a logjam sink is one device with one bound PUB socket"
     COUNTERS = {
@@ -537,21 +537,6 @@ class LogjamSink(SinkBase):
         self.fail(Failure(LogjamSinkError(reason)))  # bumps the epoch: records being encoded are ignored
         self._drop()
         self.on_progress()
-
-    # -- progress ------------------------------------------------------------------------
-
-    def _notify(self) -> None:
-        self._notified_cursor = self.cursor
-        self.on_progress()
-
-    def _tick(self) -> None:
-        """Report a cursor moved while the router was handing over; save the state."""
-        if self.cursor != self._notified_cursor and not self.failing:
-            self._notify()
-        self._save()
-
-    def _save(self, force: bool = False) -> defer.Deferred:
-        return self.saver.save(force)
 
 
 def default_announce(bound_endpoint: str, fqdn: str) -> str:

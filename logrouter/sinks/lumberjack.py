@@ -67,7 +67,7 @@ from logrouter.batch import Batch, Event
 from logrouter.config.options import Option, Problems, non_negative, positive
 from logrouter.lake.extra import jsonable
 from logrouter.sinks.base import SINK_OPTIONS, SinkBase
-from logrouter.sinks.state import CursorSaver
+from logrouter.sinks.state import CursorNotices, CursorSaver
 from logrouter.wire import lumberjack as wire
 from logrouter.wire.errors import DecodeError
 
@@ -327,7 +327,7 @@ def _label(host: str, port: int) -> str:
 
 
 @registry.sink("lumberjack")
-class LumberjackSink(SinkBase):
+class LumberjackSink(CursorNotices, SinkBase):
     COUNTERS = {
         "windows_sent": "windows written to a server",
         "events_acked": "events a server acknowledged",
@@ -763,16 +763,3 @@ class LumberjackSink(SinkBase):
             f"no ACK from {self.client.address} within timeout_secs ({float(self.options['timeout_secs']):g}s); "
             f"{len(self.inflight)} window(s) not acknowledged"
         )
-
-    def _notify(self) -> None:
-        self._notified_cursor = self.cursor
-        self.on_progress()
-
-    def _tick(self) -> None:
-        """Report a cursor moved silently (records with nothing for this sink); save the state."""
-        if self.cursor != self._notified_cursor and not self.failing:
-            self._notify()
-        self._save()
-
-    def _save(self, force: bool = False) -> defer.Deferred:
-        return self.saver.save(force)

@@ -40,7 +40,6 @@ segment store's append path (``protocols/pravega-wire.md`` §3, §6):
 
 from __future__ import annotations
 
-import json
 import socket
 import uuid
 from typing import Any

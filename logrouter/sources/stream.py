@@ -20,7 +20,7 @@ from __future__ import annotations
 import ipaddress
 from typing import Any, Callable
 
-from twisted.internet import defer, endpoints, protocol
+from twisted.internet import defer, protocol
 from twisted.internet.interfaces import IHandshakeListener
 from twisted.logger import Logger
 from twisted.protocols.policies import TimeoutMixin
