@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import itertools
 import json
 import os
@@ -46,6 +47,11 @@ STEADY_SECS = 60.0  # a worker up this long has its restart pause start again fr
 START_TIMEOUT_SECS = 300.0
 REPLY_TIMEOUT_SECS = 10.0
 KILL_MARGIN_SECS = 15.0  # past shutdown_timeout_secs, a worker still running is killed
+@functools.lru_cache(maxsize=256)
+def _logger(namespace: str) -> Logger:
+    return Logger(namespace=namespace)
+
+
 _LEVELS = {level.name: level for level in (LogLevel.debug, LogLevel.info, LogLevel.warn, LogLevel.error, LogLevel.critical)}
 
 
@@ -259,10 +265,17 @@ class WorkerProcess(protocol.ProcessProtocol):
             self._relay(line.decode("utf-8", "replace"))
 
     def _relay(self, line: str) -> None:
-        level = LogLevel.info
-        if line.startswith("[") and "#" in line.split("]", 1)[0]:
-            level = _LEVELS.get(line.split("]", 1)[0].rsplit("#", 1)[1], LogLevel.info)
-        self.log.emit(level, "{line}", line=line)
+        # A worker writes "[namespace#level] text": logged here under that namespace and
+        # level, the text marked with the worker (not a second namespace in front of the
+        # first). Anything else (a traceback's later lines) under the worker's own.
+        head, separator, text = line.partition("] ")
+        if separator and head.startswith("["):
+            namespace, _, level_name = head[1:].rpartition("#")
+            level = _LEVELS.get(level_name)
+            if namespace and level is not None:
+                _logger(namespace).emit(level, "worker {worker}: {text}", worker=self.index, text=text)
+                return
+        self.log.emit(LogLevel.info, "{line}", line=line)
 
     def processEnded(self, reason: Any) -> None:
         for fd, rest in self._partial.items():

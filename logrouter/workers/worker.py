@@ -9,8 +9,8 @@ spool, its sinks, worker 0's unshared sources) is the worker's own.
 The kernel kills a worker whose supervisor dies (``PR_SET_PDEATHSIG``): a supervisor
 killed with ``kill -9`` cannot leave workers behind on the spool directories a restarted
 supervisor's new workers open. Everything acknowledged is in the spool by then.
-Log lines go to stdout as ``[namespace#level] text``; the supervisor relays them into
-its own log with the worker's name.
+Log lines go to stdout as ``[namespace#level] text``; the supervisor logs them under the
+same namespace and level, the text prefixed with ``worker <index>: ``.
 """
 
 from __future__ import annotations
