@@ -125,6 +125,15 @@ def test_connections_are_spread_and_every_acked_event_lands_once(tmp_path: Path)
         metrics = daemon.metrics()
         passed = metrics['logrouter_supervisor_connections_passed_total{source="forward"}']
         assert passed == 8, metrics
+        # pin_workers: each worker (every thread of it) on a CPU of its own
+        cpus = sorted(os.sched_getaffinity(0))
+        for index, pid in worker_pids(daemon.process.pid).items():
+            for thread in os.listdir(f"/proc/{pid}/task"):
+                try:
+                    assert os.sched_getaffinity(int(thread)) == {cpus[index % len(cpus)]}
+                except ProcessLookupError:
+                    pass  # a thread that ended meanwhile
+        assert os.sched_getaffinity(daemon.process.pid) == set(cpus)  # not the supervisor
         key = 'logrouter_source_connections_total{source="forward",type="fluent_forward"}'
         assert metrics[key] == 8, metrics  # summed over the workers
         assert not any("worker=" in k for k in metrics if not k.startswith("logrouter_worker_")), metrics

@@ -115,6 +115,15 @@ def test_processes(tmp_path) -> None:
     assert plan.processes(_Config(2, str(tmp_path / "missing"))) == 2
 
 
+def test_worker_cpu_binds_workers_in_turn_over_the_allowed_cpus() -> None:
+    config = _Config(4, "/spool")
+    assert [plan.worker_cpu(config, i, [2, 5, 7]) for i in range(5)] == [2, 5, 7, 2, 5]
+    assert plan.worker_cpu(config, 0, [3]) is None  # one CPU: nothing to choose
+    config.router["pin_workers"] = False
+    assert plan.worker_cpu(config, 1, [0, 1]) is None
+    assert plan.allowed_cpus() == sorted(plan.allowed_cpus()) and plan.allowed_cpus()
+
+
 # -- worker_config ------------------------------------------------------------------------
 
 CONFIG = """

@@ -52,6 +52,10 @@ ROUTER_OPTIONS: dict[str, Option] = {
         "workers (each with its own spool); `auto` = the cores this process may use, or 1 when nothing can be shared; "
         "see Workers", _check_workers
     ),
+    "pin_workers": Option(
+        bool, True, "with more than one worker, bind worker `i` to the `i`-th CPU this process may use (in turn): a "
+        "process whose threads hand the GIL between cores spends ~20% more CPU per event; see Workers"
+    ),
     "shutdown_timeout_secs": Option(
         (int, float), 30, "how long a graceful stop may take to drain and commit (0 = no limit); past it the process stops "
         "anyway and uncommitted work is replayed from the spool at the next start", non_negative

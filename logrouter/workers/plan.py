@@ -81,11 +81,24 @@ def workers(config: Any) -> tuple[int, str]:
     single = single_process_reasons(config.sources, config.sinks)
     if single:
         return 1, single[0]
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
+    cores = len(allowed_cpus())
     return max(1, cores), f"the {cores} cores this process may use"
+
+
+def allowed_cpus() -> list[int]:
+    """The CPUs this process may run on, in order (all of them where that is unknown)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return list(range(os.cpu_count() or 1))
+
+
+def worker_cpu(config: Any, index: int, cpus: list[int]) -> int | None:
+    """The CPU worker ``index`` is bound to (``pin_workers``), in turn over ``cpus``; None
+    when it is not bound (the setting is off, or there is one CPU to run on)."""
+    if not config.router.get("pin_workers", True) or len(cpus) < 2:
+        return None
+    return cpus[index % len(cpus)]
 
 
 def processes(config: Any) -> int:

@@ -126,9 +126,12 @@ class Listener:
         return f"listener-{self.name}"
 
 
+_ROUTER_KEPT = ("workers", "metrics_listen", "pin_workers")  # supervisor settings, until a restart
+
+
 def _kept_until_restart(old: Config, new: Config) -> list[str]:
     """What a reload cannot change in the supervisor (it keeps the running values)."""
-    kept = [f"router.{key}" for key in ("workers", "metrics_listen") if new.router[key] != old.router[key]]
+    kept = [f"router.{key}" for key in _ROUTER_KEPT if new.router[key] != old.router[key]]
     if new.spool != old.spool:
         kept.append("[spool]")
     if new.compaction != old.compaction:
@@ -209,6 +212,9 @@ class WorkerProcess(protocol.ProcessProtocol):
             "--config", supervisor.config_path, "--index", str(self.index), "--count", str(supervisor.accepting),
             "--channel-fd", "3", "--parent", str(os.getpid()), "--shared", json.dumps(supervisor.addresses),
         ]
+        cpu = plan.worker_cpu(supervisor.config, self.index, supervisor.cpus)
+        if cpu is not None:
+            args += ["--cpu", str(cpu)]
         self.ready = False
         self.ended = defer.Deferred()
         self._partial = {1: b"", 2: b""}
@@ -311,6 +317,7 @@ class SupervisorService(service.Service):
         self.config_path = config_path
         self.accepting, self.why = plan.workers(config)  # the workers connections go to
         self.count = plan.processes(config)  # with those that only drain a spool left behind
+        self.cpus = plan.allowed_cpus()  # the supervisor's own, before any worker is bound
         self.listeners: dict[str, Listener] = {}
         self.addresses: dict[str, tuple[str, int]] = {}
         self.workers: list[WorkerProcess] = []
@@ -344,6 +351,9 @@ class SupervisorService(service.Service):
                 "(they take no connections)", extra=self.count - self.accepting,
             )
         self.workers = [WorkerProcess(self, index) for index in range(self.count)]
+        bound = [(w.index, plan.worker_cpu(self.config, w.index, self.cpus)) for w in self.workers]
+        if any(cpu is not None for _, cpu in bound):
+            self.log.info("pin_workers: {pairs}", pairs=", ".join(f"worker {i} on CPU {cpu}" for i, cpu in bound))
         for worker in self.workers:
             worker.spawn()
         starting = defer.gatherResults([w.started for w in self.workers], consumeErrors=True)
@@ -472,7 +482,7 @@ class SupervisorService(service.Service):
         worker apply the file, then close what no source uses any more; fires with
         ``(ok, text)``.
 
-        ``workers``, ``metrics_listen``, ``[spool]`` and ``[compaction]`` keep their
+        ``workers``, ``metrics_listen``, ``pin_workers``, ``[spool]`` and ``[compaction]`` keep their
         running values until a restart (the answer says so), as in one process."""
         self.log.info("reloading the config from {path}", path=self.config_path)
         try:
@@ -483,8 +493,7 @@ class SupervisorService(service.Service):
             return defer.succeed((False, "refused, the running config is unchanged:\n" + "\n".join(e.errors)))
         kept = _kept_until_restart(self.config, new)
         new = dataclasses.replace(
-            new, router={**new.router, "workers": self.config.router["workers"],
-                         "metrics_listen": self.config.router["metrics_listen"]},
+            new, router={**new.router, **{key: self.config.router[key] for key in _ROUTER_KEPT}},
             spool=self.config.spool, compaction=self.config.compaction,
         )
         try:
