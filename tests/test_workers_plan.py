@@ -383,3 +383,46 @@ def test_load_refuses_logjam_sink_with_workers() -> None:
 def test_load_with_workers_and_shareable_sources_is_fine(tmp_path) -> None:
     config = load_string(textwrap.dedent(CONFIG.format(tmp=tmp_path)).replace("[router]\n", "[router]\nworkers = 3\n", 1))
     assert config.router["workers"] == 3
+
+
+# -- workers = auto under a cgroup CPU limit ----------------------------------------------
+
+
+def _cgroup(tmp_path, self_cgroup: str, files: dict[str, str]):
+    root = tmp_path / "cgroup"
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    (tmp_path / "self").write_text(self_cgroup)
+    return str(root), str(tmp_path / "self")
+
+
+@pytest.mark.parametrize(
+    "self_cgroup, files, quota",
+    [
+        ("0::/\n", {"cpu.max": "150000 100000\n"}, 1.5),  # v2, a container's own root
+        ("0::/\n", {"cpu.max": "max 100000\n"}, None),
+        ("0::/kube/pod1\n", {"kube/pod1/cpu.max": "max 100000\n", "kube/cpu.max": "300000 100000\n"}, 3.0),
+        ("0::/a\n", {"a/cpu.max": "50000 100000\n", "cpu.max": "400000 100000\n"}, 0.5),  # the smallest
+        ("4:cpu,cpuacct:/docker/x\n", {"cpu/docker/x/cpu.cfs_quota_us": "200000\n", "cpu/docker/x/cpu.cfs_period_us": "100000\n"}, 2.0),
+        ("4:cpu,cpuacct:/\n", {"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+        ("4:cpu:/\n", {"cpu/cpu.cfs_quota_us": "garbage\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),
+        ("0::/\n", {"cpu.max": "0 0\n"}, None),
+        ("", {}, None),
+    ],
+)
+def test_cpu_quota(tmp_path, self_cgroup, files, quota) -> None:
+    assert plan.cpu_quota(*_cgroup(tmp_path, self_cgroup, files)) == quota
+
+
+def test_auto_is_capped_by_a_cgroup_cpu_limit(config, monkeypatch) -> None:
+    config.router["workers"] = "auto"
+    monkeypatch.setattr(plan, "allowed_cpus", lambda: list(range(16)))
+    monkeypatch.setattr(plan, "cpu_quota", lambda: None)
+    assert plan.workers(config) == (16, "the 16 cores this process may use")
+    monkeypatch.setattr(plan, "cpu_quota", lambda: 2.5)
+    assert plan.workers(config) == (3, "the cgroup's CPU limit of 2.5 CPUs (16 cores in this process's affinity)")
+    monkeypatch.setattr(plan, "cpu_quota", lambda: 0.2)
+    assert plan.workers(config)[0] == 1
+    monkeypatch.setattr(plan, "cpu_quota", lambda: 64.0)
+    assert plan.workers(config)[0] == 16

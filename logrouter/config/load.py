@@ -49,7 +49,8 @@ ROUTER_OPTIONS: dict[str, Option] = {
     ),
     "workers": Option(
         (int, str), "auto", "router processes: above 1, a supervisor hands each TCP/TLS connection to one of this many "
-        "workers (each with its own spool); `auto` = the cores this process may use, or 1 when nothing can be shared; "
+        "workers (each with its own spool); `auto` = the cores this process may use (capped by a cgroup CPU limit), or 1 "
+        "when nothing can be shared; "
         "see Workers", _check_workers
     ),
     "pin_workers": Option(

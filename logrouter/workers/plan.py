@@ -21,6 +21,7 @@ in a worker derives its config again the same way.
 from __future__ import annotations
 
 import copy
+import math
 import os
 import re
 import zlib
@@ -82,7 +83,63 @@ def workers(config: Any) -> tuple[int, str]:
     if single:
         return 1, single[0]
     cores = len(allowed_cpus())
+    quota = cpu_quota()
+    if quota is not None and math.ceil(quota) < cores:
+        limited = max(1, math.ceil(quota))
+        return limited, f"the cgroup's CPU limit of {quota:g} CPUs ({cores} cores in this process's affinity)"
     return max(1, cores), f"the {cores} cores this process may use"
+
+
+def cpu_quota(cgroup_root: str = "/sys/fs/cgroup", self_cgroup: str = "/proc/self/cgroup") -> float | None:
+    """The CPUs' worth of time the cgroups let this process use (a container's CPU limit:
+    cgroup v2 ``cpu.max``, v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``; the smallest
+    along the way up from its own cgroup), or None when there is no limit or it cannot
+    be read. The CPU affinity does not show such a limit."""
+    try:
+        with open(self_cgroup) as f:
+            lines = [line.rstrip("\n").split(":", 2) for line in f]
+    except OSError:
+        lines = []
+    v2 = next((fields[2] for fields in lines if len(fields) == 3 and fields[:2] == ["0", ""]), "/")
+    v1 = next((fields[2] for fields in lines if len(fields) == 3 and "cpu" in fields[1].split(",")), "/")
+    limits = [_v2_limit(place) for place in _up_from(cgroup_root, v2)]
+    limits += [_v1_limit(place) for place in _up_from(os.path.join(cgroup_root, "cpu"), v1)]
+    return min((limit for limit in limits if limit is not None), default=None)
+
+
+def _up_from(root: str, path: str) -> list[str]:
+    """``root/path`` and each directory above it up to ``root`` (a container sees its own
+    cgroup at the root, whatever the path says)."""
+    parts = [part for part in path.split("/") if part and part != ".."]
+    return [os.path.join(root, *parts[:n]) for n in range(len(parts), -1, -1)]
+
+
+def _v2_limit(place: str) -> float | None:
+    try:
+        with open(os.path.join(place, "cpu.max")) as f:
+            quota, period = f.read().split()[:2]
+    except (OSError, ValueError):
+        return None
+    return None if quota == "max" else _ratio(quota, period)
+
+
+def _v1_limit(place: str) -> float | None:
+    try:
+        with open(os.path.join(place, "cpu.cfs_quota_us")) as f:
+            quota = f.read().strip()
+        with open(os.path.join(place, "cpu.cfs_period_us")) as f:
+            period = f.read().strip()
+    except OSError:
+        return None
+    return _ratio(quota, period)
+
+
+def _ratio(quota: str, period: str) -> float | None:
+    try:
+        value = int(quota) / int(period)
+    except (ValueError, ZeroDivisionError):
+        return None
+    return value if value > 0 else None  # -1: no limit
 
 
 def allowed_cpus() -> list[int]:
