@@ -16,6 +16,8 @@ in a worker derives its config again the same way.
 - A connection goes to worker ``crc32(peer IP) % N``: the same client always lands on
   the same worker, so a batch it resends after a reconnect meets the dedupe window of
   the worker that stored it.
+- ``auto`` is the CPUs of the process's affinity, capped by a cgroup CPU limit; with
+  ``pin_workers`` worker ``i`` runs on the ``i``-th of those CPUs only.
 """
 
 from __future__ import annotations

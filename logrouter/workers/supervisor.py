@@ -47,6 +47,8 @@ STEADY_SECS = 60.0  # a worker up this long has its restart pause start again fr
 START_TIMEOUT_SECS = 300.0
 REPLY_TIMEOUT_SECS = 10.0
 KILL_MARGIN_SECS = 15.0  # past shutdown_timeout_secs, a worker still running is killed
+
+
 @functools.lru_cache(maxsize=256)
 def _logger(namespace: str) -> Logger:
     return Logger(namespace=namespace)
