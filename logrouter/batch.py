@@ -11,8 +11,9 @@ stores those bytes instead of encoding the events again (``logrouter.spool.recor
 ``packed`` must decode to exactly ``events``; a batch made by ``replace`` has none.
 
 ``json_values`` says the records hold nothing but what JSON decodes to (dicts with str
-keys, lists, str, int, float, bool, None), as the JSON sources build them: the spool
-then encodes them with a faster encoder (``logrouter.spool.record``). ``replace`` drops it.
+keys, lists, str, int, float, bool, None) and bytes, as the JSON sources (and Pravega's
+raw payloads) build them: the spool then encodes them with a faster encoder
+(``logrouter.spool.record``). ``replace`` drops it.
 """
 
 from __future__ import annotations

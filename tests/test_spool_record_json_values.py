@@ -13,10 +13,10 @@ from logrouter.sources.events import TagTemplate, batch_builder
 from logrouter.spool.record import decode_batch, encode_batch
 
 # What JSON decodes to, with the awkward ones: lone surrogates (a "\ud800" escape) and
-# integers beyond 64 bits (json keeps them exact).
+# integers beyond 64 bits (json keeps them exact); and bytes (Pravega's raw payloads).
 text = st.text(max_size=40) | st.sampled_from(["\ud800", "a\udc80b", "é" * 300])
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | text,
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | text | st.binary(max_size=20),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(text, inner, max_size=4),
     max_leaves=16,
 )

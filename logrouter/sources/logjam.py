@@ -385,7 +385,7 @@ class LogjamSource(SourceBase):
                 if request.__class__ is Request and request.reply_first is not None:
                     self._bad_request(item, request.reply_first)
         for tag, (events, replies) in groups.items():
-            self._store(Batch(tag, events, self.name), replies)
+            self._store(Batch(tag, events, self.name, json_values=True), replies)
 
     def _dropped(self, item: Received, spec: SocketSpec, error: Any) -> None:
         if isinstance(error, wire.LogjamDecodeError):

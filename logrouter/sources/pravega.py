@@ -168,7 +168,7 @@ class PravegaProtocol(AckingConnection, StreamProtocol):
             records = []
         else:
             records = source.records(append.events, state.tag)
-        batch = Batch(state.tag, records, source.name)
+        batch = Batch(state.tag, records, source.name, json_values=True)
         offset = source.appended(state.segment, append.size if records else 0)
         step = self.acks.add(append.writer_id, (append.last_event_number, append.request_id, offset), 1)
         batch.source = source.name
