@@ -157,6 +157,7 @@ def test_sub_messages_every_compression_become_events(sockets, started) -> None:
         "logjam_app": "shop-app", "logjam_env": "prod", "logjam_topic": "logs.web", "logjam_device": 3, "logjam_sequence": 1
     }
     assert all(b.source == "lj" for b in router.batches)
+    assert all(b.json_values for b in router.batches)  # JSON bodies and text metadata: the spool's fast encoder
     assert source.messages == 4
 
 

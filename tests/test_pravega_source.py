@@ -139,6 +139,7 @@ def test_payload_modes_and_bad_payloads_go_to_the_error_path(make) -> None:
     conn.send(block(W1, [b'{"a": 1}', b"not json", b'{"b": 2}'], 3, 2))
     router.fire_all()
     assert [r for _, r in router.calls[0].batch.events] == [{"a": 1}, {"b": 2}]
+    assert router.calls[0].batch.json_values
     assert len(conn.replies()) == 1, "the block is acknowledged all the same"
     assert errors and errors[0][0] == "pv" and errors[0][2] == {"payload": b"not json"} and "not JSON" in errors[0][3]
     assert source.invalid_events == 1
@@ -148,6 +149,7 @@ def test_payload_modes_and_bad_payloads_go_to_the_error_path(make) -> None:
         setup(conn2)
         conn2.send(block(W1, [payload], 1, 2))
         assert [r for _, r in router2.calls[0].batch.events] == [record]
+        assert router2.calls[0].batch.json_values  # JSON values or bytes: the spool's fast encoder
     source3, router3, _, errors3 = make(payload="string")
     conn3 = Conn(source3)
     setup(conn3)
