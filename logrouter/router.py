@@ -135,7 +135,7 @@ class Router:
         self.max_spool_bytes = spool["max_bytes"]
         self.dedupe = dedupe.DedupeWindow(spool["dedupe_window"])
         self.dedupe_path = os.path.join(spool["path"], "dedupe.msgpack")
-        # Batches of the newest records, for a sink that reads them back soon (_catch_up).
+        # Batches a sink behind has still to read, so that _catch_up need not decode them again.
         self.recent_batches = RecentBatches()
         self.sinks = {name: c.cls(name, c.options, self.errors, reactor) for name, c in config.sinks.items()}
         self.filters = {name: c.cls(name, c.options, self.errors) for name, c in config.filters.items()}

@@ -139,4 +139,3 @@ class CursorNotices:
 
     def _save(self, force: bool = False) -> Any:
         return self.saver.save(force)
-

@@ -191,10 +191,11 @@ def _answer(request: server.Request, text: str) -> None:
 class WorkerProcess(protocol.ProcessProtocol):
     """One worker: its process, its channel, its requests in flight, its restarts."""
 
-    def __init__(self, supervisor: "SupervisorService", index: int) -> None:
+    def __init__(self, supervisor: "SupervisorService", index: int, cpu: int | None = None) -> None:
         self.supervisor = supervisor
         self.index = index
         self.log = Logger(namespace=f"logrouter.worker-{index}")
+        self.cpu = cpu  # the one CPU it runs on (pin_workers), None: not bound
         self.channel: Channel | None = None
         self.ready = False
         self.started: defer.Deferred = defer.Deferred()  # fires once (first start only)
@@ -214,9 +215,8 @@ class WorkerProcess(protocol.ProcessProtocol):
             "--config", supervisor.config_path, "--index", str(self.index), "--count", str(supervisor.accepting),
             "--channel-fd", "3", "--parent", str(os.getpid()), "--shared", json.dumps(supervisor.addresses),
         ]
-        cpu = plan.worker_cpu(supervisor.config, self.index, supervisor.cpus)
-        if cpu is not None:
-            args += ["--cpu", str(cpu)]
+        if self.cpu is not None:
+            args += ["--cpu", str(self.cpu)]
         self.ready = False
         self.ended = defer.Deferred()
         self._partial = {1: b"", 2: b""}
@@ -352,10 +352,10 @@ class SupervisorService(service.Service):
                 "{extra} worker spool(s) left by a router run with more workers: started to drain them "
                 "(they take no connections)", extra=self.count - self.accepting,
             )
-        self.workers = [WorkerProcess(self, index) for index in range(self.count)]
-        bound = [(w.index, plan.worker_cpu(self.config, w.index, self.cpus)) for w in self.workers]
-        if any(cpu is not None for _, cpu in bound):
-            self.log.info("pin_workers: {pairs}", pairs=", ".join(f"worker {i} on CPU {cpu}" for i, cpu in bound))
+        self.workers = [WorkerProcess(self, index, plan.worker_cpu(self.config, index, self.cpus))
+                        for index in range(self.count)]
+        if any(w.cpu is not None for w in self.workers):
+            self.log.info("pin_workers: {pairs}", pairs=", ".join(f"worker {w.index} on CPU {w.cpu}" for w in self.workers))
         for worker in self.workers:
             worker.spawn()
         starting = defer.gatherResults([w.started for w in self.workers], consumeErrors=True)
