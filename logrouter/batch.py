@@ -10,6 +10,13 @@ e.g. a PackedForward entries blob and the clock reading its decode used), so the
 stores those bytes instead of encoding the events again (``logrouter.spool.record``).
 ``packed`` must decode to exactly ``events``; a batch made by ``replace`` has none.
 
+A batch read back from the spool for a sink that reads events in its own worker thread
+may be *deferred* (``Batch.deferred``): it holds the record's bytes and decodes them each
+time ``events`` is read, keeping nothing, so a sink's queue (and the run of the sink's
+thread over it) holds records at their size on disk rather than several times that as
+Python objects, and the decode runs in the sink's thread. A failed decode raises from
+``events``. ``materialized`` gives a batch that holds its events.
+
 ``json_values`` says the records hold nothing but what JSON decodes to (dicts with str
 keys, lists, str, int, float, bool, None) and bytes, as the JSON sources (and Pravega's
 raw payloads) build them: the spool then encodes them with a faster encoder
@@ -18,7 +25,7 @@ raw payloads) build them: the spool then encodes them with a faster encoder
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 Event = tuple[int, dict[str, Any]]
 
@@ -26,16 +33,41 @@ Event = tuple[int, dict[str, Any]]
 class Batch:
     """A tag with its events, plus the name of the source that produced it."""
 
-    __slots__ = ("tag", "events", "source", "packed", "json_values")
+    __slots__ = ("tag", "_events", "source", "packed", "json_values", "_decode")
 
     def __init__(
         self, tag: str, events: list[Event], source: str = "", packed: tuple | None = None, json_values: bool = False
     ) -> None:
         self.tag = tag
-        self.events = events
+        self._events = events
         self.source = source
         self.packed = packed
         self.json_values = json_values
+        self._decode: Callable[[], list[Event]] | None = None
+
+    @classmethod
+    def deferred(cls, tag: str, source: str, decode: Callable[[], list[Event]]) -> "Batch":
+        """A batch whose events are ``decode()``, called each time they are read."""
+        batch = cls(tag, None, source)  # type: ignore[arg-type]
+        batch._decode = decode
+        return batch
+
+    @property
+    def events(self) -> list[Event]:
+        events = self._events
+        if events is None:
+            return self._decode()  # type: ignore[misc]
+        return events
+
+    @property
+    def is_deferred(self) -> bool:
+        return self._events is None
+
+    def materialized(self) -> "Batch":
+        """This batch, or for a deferred one a batch holding its decoded events."""
+        if self._events is not None:
+            return self
+        return Batch(self.tag, self._decode(), self.source)  # type: ignore[misc]
 
     def replace(self, events: list[Event] | None = None, tag: str | None = None) -> "Batch":
         """A copy with other events and/or tag; the source is kept (``packed`` is not)."""

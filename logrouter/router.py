@@ -7,7 +7,9 @@ the batch is pushed down the precomputed routes to every sink that is *live*.
 Each sink has a feed: the spool position up to which it was handed records. A sink that
 falls behind (its queue over ``max_queue_bytes``), that failed, or that just started is
 not live: it catches up by reading the spool from its position in a thread, through the
-same filters, until it reaches the live end, and then goes live again. Startup recovery
+same filters, until it reaches the live end, and then goes live again. A sink that reads
+events in its own thread (``DEFERRED_EVENTS``) is handed what it reads straight from a
+source still encoded (``Batch.deferred``) and decodes it there. Startup recovery
 is that same catch-up from the cursor each sink saved. So a slow sink costs spool space,
 never memory; when the spool's backlog (from the slowest sink's cursor to the end) passes
 ``spool.max_bytes`` every source stops reading until it falls under the low-water mark.
@@ -345,14 +347,23 @@ class Router:
         epoch = feed.epoch
         read = self.spool.read
         decode = self.recent_batches.decode
+        # A sink that reads events in its own thread takes the batches of sources routed
+        # straight to it deferred: its queue then holds records at their spool size, not
+        # decoded (several times that), and it decodes them itself. Through a filter the
+        # events are read on the reactor, so those are decoded here, off it.
+        deferred = getattr(sink, "DEFERRED_EVENTS", False)
+        filtered = self._filtered_sources(feed.name) if deferred else frozenset()
 
         def read_batches(start: int, end: int) -> tuple[list, int]:
-            # Decoded in the reading thread too, off the reactor: [(record, batch or error)].
+            # Decoded in the reading thread, off the reactor: [(record, batch or error)].
             records, next_position = read(start, end, READ_CHUNK_BYTES)
             decoded: list = []
             for record in records:
                 try:
-                    decoded.append((record, decode(record.offset, record.payload)))
+                    batch = decode(record.offset, record.payload, deferred)
+                    if batch.is_deferred and batch.source in filtered:
+                        batch = batch.materialized()
+                    decoded.append((record, batch))
                 except Exception as e:  # noqa: BLE001 - reported and skipped by _caught_up
                     decoded.append((record, e))
             return decoded, next_position
@@ -360,6 +371,14 @@ class Router:
         feed.reading = threads.deferToThread(read_batches, feed.delivered, limit)
         feed.reading.addCallback(self._caught_up, feed, epoch)
         feed.reading.addErrback(self._read_failed, feed)
+
+    def _filtered_sources(self, sink: str) -> frozenset[str]:
+        """The batch sources with a route through a filter to ``sink``."""
+        return frozenset(
+            source
+            for source, nodes in self.routes.items()
+            if any(isinstance(node, FilterNode) and sink in node.reach for node in nodes)
+        )
 
     def _caught_up(self, result: tuple[list, int], feed: SinkFeed, epoch: int) -> None:
         # feed.reading stays set while the records are pushed: a sink that reports progress

@@ -266,9 +266,10 @@ def test_refused_records_go_to_the_error_path_and_the_rest_is_written(tmp_path):
     loop: dict = {}
     loop["self"] = loop
     batch = Batch("t", [(T0, {"id": 1}), (T0, loop)])
-    freed, cursor, refused = sink._run([((_ROWS, batch, 0, 100), 0.0, 0, 0), stop(1.0, 100)])
+    freed, cursor, refused, undecodable = sink._run([((_ROWS, batch, 0, 100), 0.0, 0, 0), stop(1.0, 100)])
     assert ids(tmp_path) == [1] and len(refused) == 1 and refused[0][0] == "t"
-    sink._done((freed, cursor, refused))
+    assert undecodable == []
+    sink._done((freed, cursor, refused, undecodable))
     assert len(sink.refused) == 1 and sink.refused[0][0] == "dead" and "JSON" in sink.refused[0][3]
 
 

@@ -30,7 +30,7 @@ from logrouter.sinks.state import SinkState
 
 SINK_OPTIONS: dict[str, Option] = {
     "max_queue_bytes": Option(
-        int, 16 << 20, "records handed to the sink and not yet done, counted in spool bytes (decoded records take several "
+        int, 8 << 20, "records handed to the sink and not yet done, counted in spool bytes (decoded records take several "
         "times that in memory); beyond it the sink reads from the spool", positive
     ),
     "retry_initial_secs": Option((int, float), 1.0, "first wait after a failure (no server available, disk full); it doubles up to `retry_max_secs`", positive),

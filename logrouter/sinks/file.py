@@ -204,7 +204,6 @@ class FileSink(WorkerSink):
     def write(self, batch: Batch, position: int, size: int) -> None:
         if self._stopped:
             return  # after its final commit: the spool has it, the next start replays it
-        self.events_in += len(batch.events)
         self.queued_bytes += size
         self._submit((_ROWS, batch, position, size))
 
@@ -232,17 +231,18 @@ class FileSink(WorkerSink):
             )
         return state["cursor"] if state else 0
 
-    def _work(self, items: list[tuple[tuple, float, int, int]]) -> tuple[int, int, list]:
+    def _work(self, items: list[tuple[tuple, float, int, int]]) -> tuple[int, int, list, list]:
         try:
             return self._run(items)
         except BaseException:
             self._abort()
             raise
 
-    def _run(self, items: list[tuple[tuple, float, int, int]]) -> tuple[int, int, list]:
+    def _run(self, items: list[tuple[tuple, float, int, int]]) -> tuple[int, int, list, list]:
         freed = 0
         stop = False
         refused: list = []
+        undecodable: list = []
         now = items[-1][1]
         processed_end = max(self._saved_cursor, 0)
         for item, at, fed_end, epoch in items:
@@ -260,7 +260,10 @@ class FileSink(WorkerSink):
             if kind == _ROWS:
                 _, batch, position, size = item
                 freed += size
-                data, lines, bad = encode_lines(batch.tag, batch.events, self._time_text)
+                events = self.events_of(batch, position, undecodable)
+                if events is None:
+                    continue
+                data, lines, bad = encode_lines(batch.tag, events, self._time_text)
                 refused.extend((batch.tag, record, reason) for record, reason in bad)
                 if lines:
                     self._append(data, lines, position, at)
@@ -273,7 +276,7 @@ class FileSink(WorkerSink):
         elif file is None and processed_end > self._saved_cursor and (stop or now - self._saved_at >= CURSOR_SAVE_SECS):
             self._commit(processed_end, now)  # cursor only
         # Only a committed cursor is reported: the spool may delete what lies before it.
-        return freed, max(self._saved_cursor, 0), refused
+        return freed, max(self._saved_cursor, 0), refused, undecodable
 
     def _append(self, data: bytes, lines: int, position: int, now: float) -> None:
         file = self._file

@@ -179,7 +179,6 @@ class ParquetSink(WorkerSink):
         return state["cursor"] if state else 0
 
     def write(self, batch: Batch, position: int, size: int) -> None:
-        self.events_in += len(batch.events)
         self.queued_bytes += size
         self._submit((_ROWS, batch, position, size))
 
@@ -190,7 +189,7 @@ class ParquetSink(WorkerSink):
 
     # -- worker thread -----------------------------------------------------------------
 
-    def _work(self, items: list[tuple[tuple, float, int, int]]) -> tuple[int, int, list]:
+    def _work(self, items: list[tuple[tuple, float, int, int]]) -> tuple[int, int, list, list]:
         """One run over everything queued; on any error the writer drops what it holds."""
         try:
             return self._run(items)
@@ -198,10 +197,11 @@ class ParquetSink(WorkerSink):
             self.writer.abort()
             raise
 
-    def _run(self, items: list[tuple[tuple, float, int, int]]) -> tuple[int, int, list]:
+    def _run(self, items: list[tuple[tuple, float, int, int]]) -> tuple[int, int, list, list]:
         freed = 0
         stop = False
         refused: list = []
+        undecodable: list = []
         now = items[-1][1]
         # How far the spool was handed over when the last item of this epoch was queued;
         # work of an older epoch (queued before a failure) proves nothing and is skipped.
@@ -232,11 +232,14 @@ class ParquetSink(WorkerSink):
             if kind == _ROWS:
                 _, batch, position, size = item
                 freed += size
+                events = self.events_of(batch, position, undecodable)
+                if events is None:
+                    continue
                 try:
-                    events = flatten_events(batch.events) if self.flatten else batch.events
-                    self.writer.write(batch.tag, events, now, position, self.published)
+                    self.writer.write(batch.tag, flatten_events(events) if self.flatten else events, now, position,
+                                      self.published)
                 except PartitionError as e:
-                    refused.append((batch.tag, f"tag cannot name a partition: {e}", batch.events))
+                    refused.append((batch.tag, f"tag cannot name a partition: {e}", events))
             elif kind == _STOP:
                 stop = True
         if self.writer.buffered_bytes > MAX_BUFFERED_BYTES:
@@ -247,7 +250,7 @@ class ParquetSink(WorkerSink):
         if sealed or stop or (cursor > self._saved_cursor and now - self._saved_at >= CURSOR_SAVE_SECS):
             self._commit(sealed, cursor, now)
         # Only a committed cursor is reported: the spool may delete what lies before it.
-        return freed, self._saved_cursor, refused
+        return freed, self._saved_cursor, refused, undecodable
 
     def _commit(self, sealed: list[SealedFile], cursor: int, now: float) -> None:
         published = dict(self.published)

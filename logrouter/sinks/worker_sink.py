@@ -3,11 +3,15 @@
 Such a sink queues items for its ``SerialWorker``: ``(kind, …)`` with the time, how far
 the spool was handed over and the failure epoch. This base owns that queueing and what
 comes back: ``_done`` frees the queued bytes, moves the cursor to what the worker
-committed and reports refused records (``_report_refused``, the subclass's shape);
+committed, reports refused records (``_report_refused``, the subclass's shape) and
+records whose events could not be decoded;
 ``_failed`` hands a failure to ``SinkBase.fail``. ``reset`` (after a failure's backoff)
 fails too while files of a committed record are still unpublished, so the retry comes
 again. A subclass sets ``worker``, ``ticker``, ``fed_end``, ``_unpublished`` and
 ``_stopped`` in its constructor and runs the items in the worker thread.
+
+Batches read back from the spool come deferred (``Batch.deferred``, ``DEFERRED_EVENTS``):
+the worker thread decodes them (``events_of``), which also counts ``events_in``.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ RESET = "reset"  # drop open files after a failure, before the spool is replayed
 
 
 class WorkerSink(SinkBase):
+    DEFERRED_EVENTS = True  # the router may hand over batches whose events are decoded here
     # The option that makes this sink's file names unique per writer; with several
     # worker processes each worker but the first gets "-w<index>" added to it.
     WRITER_OPTION = ""
@@ -77,11 +82,25 @@ class WorkerSink(SinkBase):
     def _submit(self, item: tuple) -> defer.Deferred:
         return self.worker.submit((item, self.reactor.seconds(), self.fed_end, self.epoch))
 
-    def _done(self, result: tuple[int, int, list]) -> None:
-        freed, cursor, refused = result
+    def events_of(self, batch: Any, position: int, undecodable: list) -> list | None:
+        """In the worker thread: the batch's events (a deferred batch decodes them now),
+        or None, noted in ``undecodable``, if its spool record cannot be decoded."""
+        try:
+            events = batch.events
+        except Exception as e:  # noqa: BLE001 - the record is skipped, as the router skips one
+            undecodable.append((position, f"{type(e).__name__}: {e}"))
+            return None
+        self.events_in += len(events)  # only this thread counts them
+        return events
+
+    def _done(self, result: tuple[int, int, list, list]) -> None:
+        freed, cursor, refused, undecodable = result
         self.queued_bytes = max(0, self.queued_bytes - freed)
         self.cursor = max(self.cursor, cursor)
         self._report_refused(refused)
+        for position, error in undecodable:
+            self.log.error("spool record at {position} cannot be decoded ({error}); sink {name} skipped it",
+                           position=position, error=error, name=self.name)
         self.succeeded()
         self.on_progress()
 

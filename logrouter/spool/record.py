@@ -75,6 +75,22 @@ def decode_batch(payload: bytes) -> tuple[Batch, tuple | None]:
     return Batch(tag, events, source), _key(key)
 
 
+def decode_deferred(payload: bytes) -> Batch:
+    """The batch of a record with only its source and tag read now: the events are
+    decoded (by ``decode_batch``) when first read. Raises like ``decode_batch`` for a
+    record whose head is not one."""
+    unpacker = msgpack.Unpacker(**_UNPACK)
+    unpacker.feed(payload)
+    if unpacker.read_array_header() != 5:
+        raise ValueError("a spool record is an array of 5")
+    version = unpacker.unpack()
+    if version not in READABLE_VERSIONS:
+        raise ValueError(f"unknown spool record version {version}")
+    source = unpacker.unpack()
+    tag = unpacker.unpack()
+    return Batch.deferred(tag, source, lambda: decode_batch(payload)[0].events)
+
+
 def decode_key(payload: bytes) -> tuple | None:
     """Only the idempotency key of a record, without building its events."""
     unpacker = msgpack.Unpacker(**_UNPACK)
@@ -87,7 +103,7 @@ def decode_key(payload: bytes) -> tuple | None:
     return _key(unpacker.unpack())
 
 
-RECENT_BYTES = 8 << 20  # spool bytes of records whose batches are kept for a sink behind
+RECENT_BYTES = 4 << 20  # spool bytes of records whose batches are kept for a sink behind
 
 
 class RecentBatches:
@@ -126,11 +142,12 @@ class RecentBatches:
             self._bytes -= old_size
             self._batches.pop(old, None)
 
-    def decode(self, position: int, payload: bytes) -> Batch:
-        """The batch of the record at ``position``: the one stored there, if still kept."""
+    def decode(self, position: int, payload: bytes, deferred: bool = False) -> Batch:
+        """The batch of the record at ``position``: the one stored there, if still kept;
+        else decoded from ``payload`` (``deferred``: when its events are first read)."""
         batch = self._batches.get(position)
         if batch is None:
-            return decode_batch(payload)[0]
+            return decode_deferred(payload) if deferred else decode_batch(payload)[0]
         self.hits += 1
         return batch
 
