@@ -45,6 +45,18 @@ class UnstorableBatch(ValueError):
     """A batch the spool cannot hold (it cannot be encoded, or is too large): refused, never acked."""
 
 
+def _records_of(batch: Batch, position: int) -> list:
+    """The records of a batch whose filter or sink raised, for the error path; none, and
+    a log line, when they cannot be decoded either (a deferred batch: what raised may
+    have been that)."""
+    try:
+        return [record for _, record in batch.events]
+    except Exception as e:  # noqa: BLE001 - reported here, the record is skipped
+        Router.log.error("spool record at {position} cannot be decoded ({error}); skipped",
+                         position=position, error=f"{type(e).__name__}: {e}")
+        return []
+
+
 class FilterNode:
     """A filter, the nodes that take its outputs and the sinks reachable through it.
 
@@ -69,7 +81,7 @@ class FilterNode:
             out = self.component.process(batch)
         except Exception as e:
             # A filter bug must not take the router down; its whole batch goes to the error path.
-            for _, record in batch.events:
+            for record in _records_of(batch, position):
                 errors(self.name, batch.tag, record, f"filter raised {type(e).__name__}: {e}")
             return
         finally:
@@ -104,7 +116,7 @@ class SinkNode:
             except Exception as e:
                 # A batch the sink cannot take (a bug, a value it cannot encode) would fail
                 # the same way on every retry: it goes to the error path, the sink goes on.
-                for _, record in batch.events:
+                for record in _records_of(batch, position):
                     errors(self.name, batch.tag, record, f"sink raised {type(e).__name__}: {e}")
             finally:
                 errors.position = None

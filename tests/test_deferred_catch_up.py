@@ -193,3 +193,38 @@ def test_the_file_sink_writes_a_deferred_record_like_a_decoded_one(tmp_path):
     assert ids(tmp_path) == [0, 1, 2, 3] and freed == len(payload) and cursor == 100
     assert refused == [] and undecodable == [] and sink.events_in == 4
     assert deferred.is_deferred  # the sink kept nothing of it
+
+
+def test_a_deferred_batch_that_cannot_be_decoded_never_escapes_a_node(log_lines):
+    # A filter reading it raises, or a sink's write raises: the error path wants its
+    # records, which cannot be decoded either; the node logs and goes on.
+    from logrouter.router import FilterNode, SinkNode
+
+    def broken():
+        raise ValueError("bad record")
+
+    class Raising:
+        def process(self, batch):
+            return batch.replace(events=[e for e in batch.events])
+
+        def write(self, batch, position, size):
+            raise RuntimeError("no")
+
+    reported = []
+
+    class Errors:
+        position = None
+
+        def __call__(self, *args):
+            reported.append(args)
+
+    batch = Batch.deferred("t", "in", broken)
+    FilterNode("f", Raising(), Errors()).push(batch, 700, 10, frozenset({"s"}))  # reach is empty: skipped
+    node = FilterNode("f", Raising(), Errors())
+    node.reach = frozenset({"s"})
+    node.push(batch, 700, 10, frozenset({"s"}))
+    SinkNode("s", Raising(), Errors()).push(batch, 800, 10, frozenset({"s"}))
+    assert reported == []
+    lines = [line for line in log_lines if "cannot be decoded" in line]
+    assert len(lines) == 2 and "spool record at 700" in lines[0] and "spool record at 800" in lines[1]
+    assert all("ValueError: bad record" in line for line in lines)
