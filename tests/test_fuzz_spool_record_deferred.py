@@ -68,4 +68,4 @@ def test_a_deferred_record_decodes_to_what_the_record_decodes_to(payload):
         assert isinstance(later, tuple) and later[0] == "raised"
         return
     assert (deferred.tag, deferred.source) == (eager.tag, eager.source)
-    assert later == eager.events
+    assert repr(later) == repr(eager.events)  # repr: a damaged float may be NaN, never equal to itself
