@@ -867,3 +867,25 @@ def test_deferred_message_framing_agrees_every_way():
         frames = [f for piece in pieces for f in decoder.feed(piece)]
         results.append([f.decode() if isinstance(f, DeferredMessage) else f for f in frames])
     assert results[0] == results[1] and len(results[0]) == 3
+
+
+def test_a_str32_blob_with_multibyte_text_is_deferred_by_its_bytes_however_it_arrives():
+    # Fed whole, the framer hands the str32 blob over as bytes; fed byte by byte it cannot
+    # see the str header whole and the unpacker gives text, whose length counts a
+    # multibyte character once. The entries' size in bytes decides either way (found by
+    # the fuzz test: the same message was deferred whole and decoded in feed bytewise).
+    events = [(T0 * NS, {"m": "\u00e9" * 40})]
+    data = encode_packed_forward("t", events, {"chunk": "c"})  # str32 blob
+    entries = raw_entries(events)
+    text_length = len(entries.decode("utf-8", "surrogateescape"))
+    assert text_length < len(entries)
+    for offload in (text_length, len(entries) - 1, len(entries)):
+        kinds = []
+        for pieces in ([data], [data[i : i + 1] for i in range(len(data))]):
+            decoder = ForwardDecoder(now_ns=lambda: NOW_NS, offload_bytes=offload)
+            (frame,) = [f for piece in pieces for f in decoder.feed(piece)]
+            kinds.append(type(frame))
+            decoded = frame.decode() if isinstance(frame, DeferredMessage) else frame
+            assert decoded.events == events
+        expected = DeferredMessage if len(entries) > offload else EventMessage
+        assert kinds == [expected, expected], offload

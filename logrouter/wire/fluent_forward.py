@@ -1145,11 +1145,15 @@ class ForwardDecoder:
         deferred = DeferredMessage(
             size, functools.partial(_blob_parts, tag, blob, compressed, chunk, options, size, limit, self._now_ns)
         )
+        if type(blob) is str and (offload is None or len(blob) <= offload):
+            # str32 from out_forward (the framer makes most of them bin). Its UTF-8 bytes
+            # are at least as many as its characters, so a text longer than the offload
+            # size is too big in bytes as well: only a shorter one is encoded here, and
+            # measured in bytes, as the same blob handed over as bin would be.
+            blob = blob.encode("utf-8", "surrogateescape")
         if offload is not None and len(blob) > offload:
             _inflated_pieces(b"", compressed, limit)  # an unknown compression is refused now
-            return deferred  # even the str32 -> bytes copy is left to the parts
-        if type(blob) is str:
-            blob = blob.encode("utf-8", "surrogateescape")  # str32 from out_forward
+            return deferred  # even the str32 -> bytes copy of a long text is left to the parts
         if compressed is not None and compressed != "text":
             inflated = []
             total = 0
