@@ -20,6 +20,7 @@ from typing import Any
 
 from twisted.internet import defer
 
+from logrouter.batch import Batch
 from logrouter.sinks.base import SinkBase
 
 TICK = "tick"  # seal what is due, move the cursor
@@ -82,7 +83,7 @@ class WorkerSink(SinkBase):
     def _submit(self, item: tuple) -> defer.Deferred:
         return self.worker.submit((item, self.reactor.seconds(), self.fed_end, self.epoch))
 
-    def events_of(self, batch: Any, position: int, undecodable: list) -> list | None:
+    def events_of(self, batch: Batch, position: int, undecodable: list) -> list | None:
         """In the worker thread: the batch's events (a deferred batch decodes them now),
         or None, noted in ``undecodable``, if its spool record cannot be decoded."""
         try:
