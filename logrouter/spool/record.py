@@ -77,8 +77,8 @@ def decode_batch(payload: bytes) -> tuple[Batch, tuple | None]:
 
 def decode_deferred(payload: bytes) -> Batch:
     """The batch of a record with only its source and tag read now: the events are
-    decoded (by ``decode_batch``) when first read. Raises like ``decode_batch`` for a
-    record whose head is not one."""
+    decoded (by ``decode_batch``) each time they are read. Raises like ``decode_batch``
+    for a record whose head is not one."""
     unpacker = msgpack.Unpacker(**_UNPACK)
     unpacker.feed(payload)
     if unpacker.read_array_header() != 5:
@@ -144,7 +144,7 @@ class RecentBatches:
 
     def decode(self, position: int, payload: bytes, deferred: bool = False) -> Batch:
         """The batch of the record at ``position``: the one stored there, if still kept;
-        else decoded from ``payload`` (``deferred``: when its events are first read)."""
+        else decoded from ``payload`` (``deferred``: whenever its events are read)."""
         batch = self._batches.get(position)
         if batch is None:
             return decode_deferred(payload) if deferred else decode_batch(payload)[0]
