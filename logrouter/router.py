@@ -367,7 +367,7 @@ class Router:
         filtered = self._filtered_sources(feed.name) if deferred else frozenset()
 
         def read_batches(start: int, end: int) -> tuple[list, int]:
-            # Decoded in the reading thread, off the reactor: [(record, batch or error)].
+            # Read, and decoded unless deferred, in this thread, off the reactor: [(record, batch or error)].
             records, next_position = read(start, end, READ_CHUNK_BYTES)
             decoded: list = []
             for record in records:
