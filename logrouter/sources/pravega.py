@@ -171,7 +171,6 @@ class PravegaProtocol(AckingConnection, StreamProtocol):
         batch = Batch(state.tag, records, source.name, json_values=True)
         offset = source.appended(state.segment, append.size if records else 0)
         step = self.acks.add(append.writer_id, (append.last_event_number, append.request_id, offset), 1)
-        batch.source = source.name
         d = source.router.ingest(batch, writer=(state.key, append.last_event_number))
         source.track(state.key, d)
         self.pending.add(d)
