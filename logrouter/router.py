@@ -4,9 +4,12 @@ A source hands a batch to ``ingest``. The batch is appended to the spool; once i
 written (and fsync'd, by default) the returned Deferred fires, the source acks, and
 the batch is pushed down the precomputed routes to every sink that is *live*.
 
-Each sink has a feed: the spool position up to which it was handed records. A sink that
-falls behind (its queue over ``max_queue_bytes``), that failed, or that just started is
-not live: it catches up by reading the spool from its position in a thread, through the
+Each sink has a feed: the spool position up to which it was handed records. When a
+live sink's queue passes ``max_queue_bytes``, the sources that can push back stop
+reading until it drains (for at most the sink's ``hold_sources_secs``): the senders
+wait, the sink stays live, and nothing is read back and decoded a second time. A sink
+still full after that, that failed, or that just started is not live: it catches up by
+reading the spool from its position in a thread, through the
 same filters, until it reaches the live end, and then goes live again. A sink that reads
 events in its own thread (``DEFERRED_EVENTS``) is handed what it reads straight from a
 source still encoded (``Batch.deferred``) and decodes it there. Startup recovery
@@ -35,6 +38,9 @@ from logrouter.spool.record import RecentBatches, decode_key, encode_batch
 
 READ_CHUNK_BYTES = 4 << 20
 LOW_WATER = 0.8  # resume sources / feed a sink again below this share of its bound
+# A sink holding the sources still takes what was in flight (and what sources that
+# cannot push back send) up to this share of its bound; past it, it reads from the spool.
+HOLD_SLACK = 1.5
 MAX_UNWRITTEN_BYTES = 64 << 20  # appended but not yet written by the spool's worker
 DRAIN_SHARE = 0.8  # of shutdown_timeout_secs, for sinks to catch up before they commit
 DEDUPE_SNAPSHOT_SECS = 10.0
@@ -134,6 +140,10 @@ class SinkFeed:
         self.started = False  # the sink recovered its state: only then may it be fed or stopped
         self.reading: defer.Deferred | None = None
         self.epoch = 0  # bumped on rewind, so a read started before it is not applied
+        self.held_since: float | None = None  # its full queue holds the sources (Router._sink_full)
+        self.hold_call: Any = None
+        self.holds = 0
+        self.held_secs = 0.0
 
 
 class Router:
@@ -174,6 +184,7 @@ class Router:
         self.paused_secs = 0.0
         self.pauses = 0
         self._paused_at = 0.0
+        self._not_reading: set[str] = set()  # sources told to pause (spool backlog or a full sink)
         self.stopping = False
         self.stop_requested = False
         self._starting: defer.Deferred | None = None
@@ -342,7 +353,70 @@ class Router:
         feed.delivered = end
         feed.sink.advance(end)
         if feed.live and feed.sink.queued_bytes > feed.sink.options["max_queue_bytes"]:
-            feed.live = False  # over its memory bound: it reads the rest from the spool
+            self._sink_full(feed)
+
+    # -- a full sink holds the sources ----------------------------------------------------
+
+    def _sink_full(self, feed: SinkFeed) -> None:
+        """A live sink's queue passed its bound.
+
+        The sources that can push back stop reading until it drains under the low-water
+        mark, for at most its ``hold_sources_secs``: a sink slower than its senders then
+        sets their pace (TCP and the protocols' windows push back) and stays live. Left
+        to read from the spool instead, it would decode every record a second time, and
+        in one process that second decode takes the very CPU it is short of. A sink that
+        does not drain in time (a stalled lake) reads from the spool, and the sources
+        read again: the spool absorbs what it cannot take.
+        """
+        if feed.held_since is None:
+            hold = feed.sink.options.get("hold_sources_secs", 0)
+            if hold and not self.stop_requested:
+                feed.held_since = self.reactor.seconds()
+                feed.holds += 1
+                feed.hold_call = self.reactor.callLater(hold, self._hold_expired, feed)
+                self._apply_reading()
+                return
+        elif feed.sink.queued_bytes <= feed.sink.options["max_queue_bytes"] * HOLD_SLACK:
+            return  # in flight when the sources stopped reading
+        feed.live = False  # over its memory bound: it reads the rest from the spool
+        self._release_hold(feed)
+
+    def _hold_expired(self, feed: SinkFeed) -> None:
+        feed.hold_call = None
+        if feed.held_since is None:
+            return
+        self.log.info(
+            "sink {name}: its queue stayed over max_queue_bytes for {secs:.1f}s (hold_sources_secs): "
+            "the sources read again and it catches up from the spool",
+            name=feed.name,
+            secs=self.reactor.seconds() - feed.held_since,
+        )
+        feed.live = False
+        self._release_hold(feed)
+        self._catch_up(feed)
+
+    def _release_hold(self, feed: SinkFeed) -> None:
+        if feed.held_since is None:
+            return
+        feed.held_secs += self.reactor.seconds() - feed.held_since
+        feed.held_since = None
+        if feed.hold_call is not None and feed.hold_call.active():
+            feed.hold_call.cancel()
+        feed.hold_call = None
+        self._apply_reading()
+
+    def _apply_reading(self) -> None:
+        """Tell each source whether to read: none while the spool's backlog is over its
+        bound, none that can push back while a full sink holds them."""
+        held = any(feed.held_since is not None for feed in self.feeds.values())
+        for name, source in self.sources.items():
+            wait = self.paused or (held and getattr(source, "PUSHES_BACK", False))
+            if wait and name not in self._not_reading:
+                self._not_reading.add(name)
+                source.pause_reading()
+            elif not wait and name in self._not_reading:
+                self._not_reading.discard(name)
+                source.resume_reading()
 
     # -- catching up from the spool -------------------------------------------------------
 
@@ -425,6 +499,10 @@ class Router:
             # It dropped what it held; it asks to be fed from its cursor once it retries.
             feed.live = False
             feed.epoch += 1
+        if feed.held_since is not None and (
+            not feed.live or feed.sink.queued_bytes < feed.sink.options["max_queue_bytes"] * LOW_WATER
+        ):
+            self._release_hold(feed)
         self._check_backpressure()
         self._trim()
         if not feed.live:
@@ -435,6 +513,7 @@ class Router:
         """The sink dropped what it held: feed it again from its cursor."""
         feed.epoch += 1
         feed.live = False
+        self._release_hold(feed)
         feed.delivered = feed.sink.cursor
         feed.sink.advance(feed.sink.cursor)
         self._catch_up(feed)
@@ -464,8 +543,7 @@ class Router:
                 unwritten=unwritten,
                 failing=", the disk refused the last write" if self.spool_failing else "",
             )
-            for source in self.sources.values():
-                source.pause_reading()
+            self._apply_reading()
         elif (
             self.paused
             and not self.spool_failing
@@ -475,8 +553,7 @@ class Router:
             self.paused = False
             self.paused_secs += self.reactor.seconds() - self._paused_at
             self.log.info("spool backlog {backlog} bytes: sources resumed", backlog=backlog)
-            for source in self.sources.values():
-                source.resume_reading()
+            self._apply_reading()
 
     def _trim(self) -> None:
         """Delete spool segments every sink is done with and the dedupe snapshot covers."""
@@ -541,6 +618,10 @@ class Router:
             labels = {"sink": name, "type": feed.sink.TYPE}
             yield "logrouter_sink_lag_bytes", "gauge", labels, max(self.spool.end - feed.sink.cursor, 0)
             yield "logrouter_sink_live", "gauge", labels, int(feed.live)
+            held = feed.held_secs + (self.reactor.seconds() - feed.held_since if feed.held_since is not None else 0)
+            yield "logrouter_sink_holding_sources", "gauge", labels, int(feed.held_since is not None)
+            yield "logrouter_sink_holds_total", "counter", labels, feed.holds
+            yield "logrouter_sink_held_seconds_total", "counter", labels, round(held, 3)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -626,6 +707,7 @@ class Router:
         plan = reloading.plan(old, new)
         # 1. Sources that go stop taking input; their stored batches get their replies.
         leaving = [self.sources.pop(name) for name in plan.stop_sources if name in self.sources]
+        self._not_reading.difference_update(plan.stop_sources)
         yield defer.DeferredList([defer.maybeDeferred(s.stop) for s in leaving], consumeErrors=True)
         # 2. Sinks that go get nothing more, finish a spool read under way, and commit.
         for name in plan.stop_sinks:
@@ -633,6 +715,7 @@ class Router:
             sink = self.sinks.pop(name, None)
             if feed is not None:
                 feed.live = False
+                self._release_hold(feed)
                 feed.started = False  # _catch_up no longer feeds it
                 feed.epoch += 1
                 if feed.reading is not None:
@@ -695,8 +778,7 @@ class Router:
                 plan.start_sources.remove(name)
                 self.routes = self._build_routes()
                 continue
-            if self.paused:
-                source.pause_reading()
+        self._apply_reading()
         self._check_backpressure()
         return plan
 
@@ -785,6 +867,8 @@ class Router:
         if self.metrics_port is not None:
             yield self.metrics_port.stopListening()
         yield defer.DeferredList([defer.maybeDeferred(s.stop) for s in self.sources.values()], consumeErrors=True)
+        for feed in self.feeds.values():
+            self._release_hold(feed)  # the sources are stopped: nothing left to hold
         # The spool stays open while the sinks catch up: dead letters their filters report
         # on the way are stored and delivered like any batch (sources no longer add any).
         limit = float(self.config.router["shutdown_timeout_secs"])

@@ -171,7 +171,7 @@ def test_bad_config_refused_with_exit_status_1(tmp_path):
 def test_graceful_stop_lets_a_lagging_sink_catch_up_first(tmp_path):
     # A tiny queue bound keeps the sink reading from the spool (never fed live), so at
     # SIGTERM it is behind: the stop must let it catch up before it commits.
-    config = CONFIG.replace("roll_secs = 3600", "roll_secs = 3600\nmax_queue_bytes = 1024")
+    config = CONFIG.replace("roll_secs = 3600", "roll_secs = 3600\nmax_queue_bytes = 1024\nhold_sources_secs = 0")
     chunks = 200
     with Daemon(tmp_path, config) as daemon:
         daemon.start()
@@ -185,6 +185,30 @@ def test_graceful_stop_lets_a_lagging_sink_catch_up_first(tmp_path):
         daemon.stop_gracefully()
         # (with 100,000 events the sink is still behind at SIGTERM: the stop waits for it)
         print("sink caught up during the stop:", "catching up with the spool first" in daemon.output)
+    rows = read_lake(tmp_path / "lake")
+    assert len(rows) == chunks * 500
+    assert len({(r["n"], r["i"]) for r in rows}) == chunks * 500
+
+
+def test_a_sink_slower_than_its_sender_holds_the_sender_and_every_event_lands_once(tmp_path):
+    # One chunk fills this queue: the source stops reading until the sink has written it,
+    # so the sender waits (TCP pushes back) and the sink stays fed live.
+    config = CONFIG.replace("roll_secs = 3600", "roll_secs = 3600\nmax_queue_bytes = 4096")
+    chunks = 100
+    with Daemon(tmp_path, config) as daemon:
+        daemon.start()
+        with socket.create_connection(("127.0.0.1", daemon.port("forward")), timeout=30) as sock:
+            for n in range(chunks):
+                entries = [[event_time(T0, i), {"n": n, "i": i}] for i in range(500)]
+                sock.sendall(packed_forward("app.slow", entries, f"slow-{n}"))
+            for n in range(chunks):
+                ack = msgpack.packb({"ack": f"slow-{n}"})
+                assert recv_exactly(sock, len(ack)) == ack
+        metrics = daemon.metrics()
+        labels = '{sink="lake",type="parquet"}'
+        assert metrics[f"logrouter_sink_holds_total{labels}"] >= 1
+        assert metrics[f"logrouter_sink_held_seconds_total{labels}"] > 0
+        daemon.stop_gracefully()
     rows = read_lake(tmp_path / "lake")
     assert len(rows) == chunks * 500
     assert len({(r["n"], r["i"]) for r in rows}) == chunks * 500

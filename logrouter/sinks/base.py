@@ -9,8 +9,9 @@ two numbers and one callback:
   into the lake, acked by the next hop); the spool keeps what lies after it, and a
   restart resumes from it.
 * ``queued_bytes``: memory held for records handed over but not done; above
-  ``max_queue_bytes`` the router stops feeding the sink live and lets it catch up
-  from the spool later, so a slow sink costs disk, not memory.
+  ``max_queue_bytes`` the router holds the sources that can push back until it drains
+  (at most ``hold_sources_secs``), then stops feeding the sink live and lets it catch
+  up from the spool later, so a slow sink costs disk, not memory.
 * ``on_progress()``: called by the sink whenever those numbers moved.
 
 When a sink fails (disk full, next hop down) it drops what it holds, waits with capped
@@ -25,13 +26,19 @@ from typing import Any, Callable, ClassVar, Iterator
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from logrouter.config.options import Option, positive
+from logrouter.config.options import Option, non_negative, positive
 from logrouter.sinks.state import SinkState
 
 SINK_OPTIONS: dict[str, Option] = {
     "max_queue_bytes": Option(
         int, 8 << 20, "records handed to the sink and not yet done, counted in spool bytes (decoded records take several "
-        "times that in memory); beyond it the sink reads from the spool", positive
+        "times that in memory); beyond it the sources are held (`hold_sources_secs`), then the sink reads from the spool",
+        positive
+    ),
+    "hold_sources_secs": Option(
+        (int, float), 5.0, "when the queue passes `max_queue_bytes`, how long the TCP sources may stop reading (their "
+        "senders wait) for it to drain; past that it reads from the spool and they read again. 0: never hold the "
+        "sources (the spool takes the backlog at once, and the sink decodes it again)", non_negative
     ),
     "retry_initial_secs": Option((int, float), 1.0, "first wait after a failure (no server available, disk full); it doubles up to `retry_max_secs`", positive),
     "retry_max_secs": Option((int, float), 60.0, "longest wait between retries", positive),

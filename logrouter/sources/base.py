@@ -5,7 +5,10 @@ The router, the service and the metrics call a source only through ``Source``:
 * ``start()`` -> Deferred: listen / connect / subscribe; fires once it takes input.
 * ``stop()`` -> Deferred: stop taking input, let what was stored get its replies; fires
   when done.
-* ``pause_reading()`` / ``resume_reading()``: the router's backpressure.
+* ``pause_reading()`` / ``resume_reading()``: the router's backpressure. Every source
+  pauses while the spool's backlog is over its bound; one whose ``PUSHES_BACK`` is true
+  (not reading makes its senders wait instead of losing messages: every TCP source) also
+  while a full sink's queue drains.
 * ``samples()``: the metric samples it exposes, ``(name, type, labels, value)`` tuples
   (``logrouter.metrics`` renders them). Each source says what it counts; nothing outside
   the source reads its connections or counters.
@@ -99,6 +102,9 @@ class SourceBase(abc.ABC):
     TYPE: ClassVar[str] = "?"
     OPTIONS: ClassVar[dict[str, Any]] = {}
     COUNTERS: ClassVar[dict[str, str]] = {}
+    # A ZeroMQ subscriber that stops reading loses what its publishers send meanwhile:
+    # such a source is not held for a full sink (the spool absorbs instead).
+    PUSHES_BACK: ClassVar[bool] = False
 
     def __init__(self, name: str, options: dict[str, Any], context: SourceContext) -> None:
         self.name = name

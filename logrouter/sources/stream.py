@@ -634,6 +634,9 @@ class StreamSource:
     # With [router] workers, whether the supervisor may accept this source's connections
     # and hand each to a worker (see logrouter.workers.plan).
     SHAREABLE = True
+    # Not reading pushes back on the senders (TCP's window, then the protocol's): the
+    # router may hold this source while a sink drains its queue (see Router._sink_full).
+    PUSHES_BACK = True
     OPTIONS: dict[str, Option] = {"listen": listen_option(None), **STREAM_OPTIONS, **TLS_OPTIONS}
     # Older names of ssl_client_authentication a source still accepts, as
     # {key: {value: the mode it stands for}}; other values of the key say nothing

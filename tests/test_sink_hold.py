@@ -1,0 +1,170 @@
+"""A full sink holds the sources: a live sink whose queue passes ``max_queue_bytes`` makes
+the sources that can push back stop reading until it drains, for at most its
+``hold_sources_secs``; then it reads from the spool and they read again.
+
+The router runs on a ``task.Clock``; its sources are fakes that record what they are
+told, its sink a fake whose queue the test fills and drains.
+"""
+
+from __future__ import annotations
+
+import pytest
+from twisted.internet import defer, task
+
+from source_fakes import log_lines  # noqa: F401  (a fixture)
+from logrouter import registry
+from logrouter.batch import Batch
+from logrouter.config.load import load_string
+from logrouter.router import HOLD_SLACK, LOW_WATER, Router
+from logrouter.sinks.base import SINK_OPTIONS, SinkBase
+
+BOUND = 1000
+T0 = 1_700_000_000 * 10**9
+
+
+class RecordingSource:
+    """Says what the router told it."""
+
+    def __init__(self, pushes_back: bool) -> None:
+        self.PUSHES_BACK = pushes_back
+        self.reading = True
+        self.pauses = 0
+
+    def pause_reading(self) -> None:
+        assert self.reading, "paused twice"
+        self.reading = False
+        self.pauses += 1
+
+    def resume_reading(self) -> None:
+        assert not self.reading, "resumed while reading"
+        self.reading = True
+
+
+class QueueSink(SinkBase):
+    """Holds what it is handed until the test drains it."""
+
+    TYPE = "hold_queue"
+    OPTIONS = dict(SINK_OPTIONS)
+
+    def start(self):
+        return defer.succeed(0)
+
+    def write(self, batch, position, size):
+        self.queued_bytes += size
+
+    def advance(self, end):
+        pass
+
+    def stop(self):
+        return defer.succeed(None)
+
+    def drain(self, left: int) -> None:
+        self.queued_bytes = left
+        self.on_progress()
+
+
+@pytest.fixture
+def held(tmp_path):
+    """(router, clock, sink, TCP-like source, subscriber-like source), the sink fed live."""
+    registry.load_builtin()
+    registry.sink("hold_queue")(QueueSink)
+    clock = task.Clock()
+    config = load_string(
+        f'[spool]\npath = "{tmp_path}/spool"\n'
+        '[sources.tcp]\ntype = "fluent_forward"\nlisten = "tcp:0:interface=127.0.0.1"\n'
+        f'[sinks.lake]\ntype = "hold_queue"\ninputs = ["tcp"]\nmax_queue_bytes = {BOUND}\nhold_sources_secs = 5\n'
+    )
+    router = Router(config, clock)
+    router.spool.open()
+    tcp, subscriber = RecordingSource(True), RecordingSource(False)
+    router.sources = {"tcp": tcp, "sub": subscriber}
+    feed = router.feeds["lake"]
+    feed.started = feed.live = True
+    yield router, clock, feed.sink, tcp, subscriber
+    del registry.SINKS["hold_queue"]
+
+
+def hand(router: Router, size: int) -> None:
+    """One batch of ``size`` spool bytes, stored and routed live."""
+    position = router.routed_end
+    router._route_live((position, position + size), Batch("t", [(T0, {"n": 1})], "tcp"), size, None)
+
+
+def samples(router: Router) -> dict[str, float]:
+    return {name: value for name, _, _, value in router.feed_samples()}
+
+
+def test_a_full_sink_holds_the_sources_that_push_back_until_it_drains(held):
+    router, clock, sink, tcp, subscriber = held
+    hand(router, BOUND)
+    assert tcp.reading  # at its bound, not past it
+    hand(router, 1)
+    assert not tcp.reading and subscriber.reading  # a subscriber that stopped reading would lose messages
+    assert router.feeds["lake"].live  # it stays live: nothing is read back and decoded again
+    assert samples(router)["logrouter_sink_holding_sources"] == 1
+
+    clock.advance(2)
+    sink.drain(int(BOUND * LOW_WATER))  # not under the low-water mark yet
+    assert not tcp.reading
+    sink.drain(int(BOUND * LOW_WATER) - 1)
+    assert tcp.reading and router.feeds["lake"].live
+    state = samples(router)
+    assert state["logrouter_sink_holding_sources"] == 0
+    assert state["logrouter_sink_holds_total"] == 1
+    assert state["logrouter_sink_held_seconds_total"] == 2
+    assert not clock.getDelayedCalls()  # the hold's time limit is cancelled
+
+    hand(router, BOUND)  # full again: a second hold
+    assert not tcp.reading and samples(router)["logrouter_sink_holds_total"] == 2
+
+
+def test_a_sink_that_does_not_drain_in_time_reads_from_the_spool_and_the_sources_read_again(held, log_lines):
+    router, clock, sink, tcp, _ = held
+    hand(router, BOUND + 1)
+    clock.advance(4.9)
+    assert not tcp.reading
+    clock.advance(0.1)
+    assert tcp.reading
+    assert not router.feeds["lake"].live
+    assert any("stayed over max_queue_bytes for 5.0s" in line for line in log_lines)
+    assert samples(router)["logrouter_sink_held_seconds_total"] == 5
+
+
+def test_what_comes_in_while_held_is_taken_up_to_the_slack_then_the_sink_reads_from_the_spool(held):
+    router, _, _, tcp, _ = held
+    hand(router, BOUND + 1)
+    hand(router, int(BOUND * HOLD_SLACK) - BOUND - 1)  # in flight when the sources stopped
+    assert router.feeds["lake"].live and not tcp.reading
+    hand(router, 1)
+    assert not router.feeds["lake"].live and tcp.reading
+
+
+def test_a_sink_that_fails_while_holding_lets_the_sources_go(held):
+    router, _, sink, tcp, _ = held
+    hand(router, BOUND + 1)
+    sink.fail(RuntimeError("disk full"))
+    sink.on_progress()  # as every sink does after fail()
+    assert tcp.reading and not router.feeds["lake"].live
+    assert samples(router)["logrouter_sink_holding_sources"] == 0
+
+
+def test_with_hold_sources_secs_0_a_full_sink_reads_from_the_spool_at_once(held):
+    router, _, sink, tcp, _ = held
+    sink.options = dict(sink.options, hold_sources_secs=0)
+    hand(router, BOUND + 1)
+    assert tcp.reading and not router.feeds["lake"].live
+    assert samples(router)["logrouter_sink_holds_total"] == 0
+
+
+def test_the_sources_read_again_only_once_neither_the_spool_nor_a_sink_holds_them(held, monkeypatch):
+    router, _, sink, tcp, subscriber = held
+    hand(router, BOUND + 1)
+    monkeypatch.setattr(router, "max_spool_bytes", -1)  # the spool's backlog is over its bound too
+    router._check_backpressure()
+    assert router.paused and not tcp.reading and not subscriber.reading
+    sink.drain(0)  # the sink lets go ...
+    assert not tcp.reading and not subscriber.reading  # ... the spool still holds every source
+    monkeypatch.setattr(router, "max_spool_bytes", 1 << 40)
+    router._check_backpressure()
+    assert tcp.reading and subscriber.reading
+    assert tcp.pauses == 1  # told once, not once per reason
