@@ -6,6 +6,11 @@ nanoseconds, no offset = UTC), else the arrival time; a time the lake cannot hol
 int64 nanoseconds, 1677-2262) is the arrival time too. The tag comes from a template
 (``"beats.${@metadata.beat}"``, see ``TagTemplate``); one read's events become one batch
 per tag.
+
+Both run once per event, so a read of many events in the usual shape (every stamp
+``YYYY-MM-DDTHH:MM:SS.fffZ``, one tag for all) is done column-wise: the stamps parsed by
+Arrow in one call, the tag's field read with ``map`` (``_stamp_times``,
+``TagTemplate.uniform``); anything else takes the per-event loop, which gives the same.
 """
 
 from __future__ import annotations
@@ -13,7 +18,11 @@ from __future__ import annotations
 import calendar
 import datetime
 import re
+from itertools import repeat
 from typing import Any, Callable
+
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from logrouter.batch import Batch
 
@@ -54,6 +63,40 @@ def _whole_seconds(prefix: str) -> int | None:
     return seconds
 
 
+
+
+_UTC_NS = pa.timestamp("ns", "UTC")
+_COLUMN_MIN = 64  # below this many events Arrow's fixed cost per call outweighs the loop
+
+
+def _stamp_times(records: list[dict[str, Any]]) -> list[int] | None:
+    """Every record's ``@timestamp`` as ns, parsed at once, when each is a str in the
+    usual shape (a valid date, within what ``_whole_seconds`` takes); else None.
+
+    The shape is the inline fast path's, ``YYYY-MM-DD[T ]hh:mm:ss.f{1,9}Z``: of what
+    Arrow's ISO 8601 parse takes, 22 to 30 characters ending in ``Z`` is that and
+    nothing else (no offset, whose fraction the slow path cuts to microseconds; no
+    other separator or shorter form). Both read the same UTC instant from it, and a
+    date either refuses (February 30, hour 24, second 60) refuses the whole read here,
+    which the loop then takes event by event.
+    """
+    if len(records) < _COLUMN_MIN:
+        return None
+    stamps = list(map(dict.get, records, repeat("@timestamp")))
+    if set(map(type, stamps)) != {str}:
+        return None
+    array = pa.array(stamps, pa.string())
+    lengths = pc.min_max(pc.utf8_length(array))
+    if lengths["min"].as_py() < 22 or lengths["max"].as_py() > 30 or not pc.all(pc.ends_with(array, "Z")).as_py():
+        return None
+    try:
+        nanos = array.cast(_UTC_NS).cast(pa.int64())
+    except (pa.ArrowInvalid, OverflowError):
+        return None
+    bounds = pc.min_max(nanos)
+    if bounds["min"].as_py() < _MIN_SECONDS * NANOS or bounds["max"].as_py() >= (_MAX_SECONDS + 1) * NANOS:
+        return None  # _whole_seconds refuses these seconds: the loop gives them the arrival time
+    return nanos.to_pylist()
 
 
 def _time_of(stamp: Any, now: int) -> int:
@@ -160,6 +203,32 @@ class TagTemplate:
             self.parts.append(rest)
         self.static: str | None = template if all(isinstance(p, str) for p in self.parts) else None
         self.render = self._compile()
+        fields = [p for p in self.parts if not isinstance(p, str)]
+        # prefix${field}suffix: the shape ``uniform`` reads column-wise
+        self._single: tuple[str, tuple[str, ...], str, str] | None = None
+        if len(fields) == 1:
+            i = self.parts.index(fields[0])
+            self._single = (fields[0][0], fields[0][1], "".join(self.parts[:i]), "".join(self.parts[i + 1 :]))
+
+    def uniform(self, records: list[dict[str, Any]]) -> str | None:
+        """The tag of every record, when the template has one field and each record
+        holds the same str there (read column-wise); None when that cannot be said so."""
+        if self._single is None or not records:
+            return None
+        name, keys, prefix, suffix = self._single
+        level: list[Any] = records
+        if len(keys) > 1:
+            if any(map(dict.__contains__, records, repeat(name))):
+                return None  # a top-level key with the dots in it wins: the loop sorts that out
+            for key in keys[:-1]:
+                level = list(map(dict.get, level, repeat(key)))
+                if set(map(type, level)) != {dict}:
+                    return None
+        values = list(map(dict.get, level, repeat(keys[-1])))
+        first = values[0]
+        if first.__class__ is not str or values.count(first) != len(values):
+            return None
+        return prefix + first + suffix
 
     def _compile(self) -> Callable[[dict[str, Any]], str]:
         """A renderer specialised for this template (it runs once per event)."""
@@ -216,10 +285,14 @@ def batch_builder(tag_template: TagTemplate, drop_metadata: bool = False) -> Cal
     """``batches(records, now_ns)``: the per-event work, specialised once for a source's options."""
     static_tag = tag_template.static
     render = tag_template.render
+    uniform = tag_template.uniform
     whole_seconds = _SECONDS_CACHE.get
     fraction_scale = _FRACTION_SCALE
 
     def timed(records: list[dict[str, Any]], now: int) -> list[tuple[int, dict[str, Any]]]:
+        times = _stamp_times(records)
+        if times is not None:
+            return list(zip(times, records))
         events = []
         append = events.append
         last: Any = None
@@ -249,6 +322,12 @@ def batch_builder(tag_template: TagTemplate, drop_metadata: bool = False) -> Cal
                 for r in records:
                     r.pop("@metadata", None)
             return [Batch(static_tag, timed(records, now), json_values=True)]
+        tag = uniform(records) if len(records) >= _COLUMN_MIN else None
+        if tag is not None:
+            if drop_metadata:
+                for r in records:
+                    r.pop("@metadata", None)
+            return [Batch(tag, timed(records, now), json_values=True)]
         by_tag: dict[str, list[dict[str, Any]]] = {}
         for r in records:
             tag = render(r)
