@@ -5,8 +5,8 @@ written (and fsync'd, by default) the returned Deferred fires, the source acks, 
 the batch is pushed down the precomputed routes to every sink that is *live*.
 
 Each sink has a feed: the spool position up to which it was handed records. When a
-live sink's queue passes ``max_queue_bytes``, the sources that can push back stop
-reading until it drains (for at most the sink's ``hold_sources_secs``): the senders
+live sink's queue passes ``max_queue_bytes``, the sources that can push back and feed
+it stop reading until it drains (for at most the sink's ``hold_sources_secs``): the senders
 wait, the sink stays live, and nothing is read back and decoded a second time. A sink
 still full after that, that failed, or that just started is not live: it catches up by
 reading the spool from its position in a thread, through the
@@ -360,8 +360,8 @@ class Router:
     def _sink_full(self, feed: SinkFeed) -> None:
         """A live sink's queue passed its bound.
 
-        The sources that can push back stop reading until it drains under the low-water
-        mark, for at most its ``hold_sources_secs``: a sink slower than its senders then
+        The sources that can push back and feed it stop reading until it drains under
+        the low-water mark, for at most its ``hold_sources_secs``: a sink slower than its senders then
         sets their pace (TCP and the protocols' windows push back) and stays live. Left
         to read from the spool instead, it would decode every record a second time, and
         in one process that second decode takes the very CPU it is short of. A sink that
@@ -407,10 +407,14 @@ class Router:
 
     def _apply_reading(self) -> None:
         """Tell each source whether to read: none while the spool's backlog is over its
-        bound, none that can push back while a full sink holds them."""
-        held = any(feed.held_since is not None for feed in self.feeds.values())
+        bound, none that can push back and feeds a full sink while that holds them."""
+        held = {name for name, feed in self.feeds.items() if feed.held_since is not None}
         for name, source in self.sources.items():
-            wait = self.paused or (held and getattr(source, "PUSHES_BACK", False))
+            wait = self.paused or (
+                bool(held)
+                and getattr(source, "PUSHES_BACK", False)
+                and any(not held.isdisjoint(node.reach) for node in self.routes.get(name, ()))
+            )
             if wait and name not in self._not_reading:
                 self._not_reading.add(name)
                 source.pause_reading()

@@ -72,12 +72,16 @@ def held(tmp_path):
     config = load_string(
         f'[spool]\npath = "{tmp_path}/spool"\n'
         '[sources.tcp]\ntype = "fluent_forward"\nlisten = "tcp:0:interface=127.0.0.1"\n'
-        f'[sinks.lake]\ntype = "hold_queue"\ninputs = ["tcp"]\nmax_queue_bytes = {BOUND}\nhold_sources_secs = 5\n'
+        '[sources.sub]\ntype = "fluent_forward"\nlisten = "tcp:0:interface=127.0.0.1"\n'
+        '[sources.elsewhere]\ntype = "fluent_forward"\nlisten = "tcp:0:interface=127.0.0.1"\n'
+        '[filters.keep]\ntype = "grep"\ninputs = ["tcp"]\nfield = "n"\ninclude = "."\n'
+        f'[sinks.lake]\ntype = "hold_queue"\ninputs = ["keep", "sub"]\nmax_queue_bytes = {BOUND}\nhold_sources_secs = 5\n'
+        '[sinks.other]\ntype = "hold_queue"\ninputs = ["elsewhere"]\n'
     )
     router = Router(config, clock)
     router.spool.open()
     tcp, subscriber = RecordingSource(True), RecordingSource(False)
-    router.sources = {"tcp": tcp, "sub": subscriber}
+    router.sources = {"tcp": tcp, "sub": subscriber, "elsewhere": RecordingSource(True)}
     feed = router.feeds["lake"]
     feed.started = feed.live = True
     yield router, clock, feed.sink, tcp, subscriber
@@ -87,11 +91,12 @@ def held(tmp_path):
 def hand(router: Router, size: int) -> None:
     """One batch of ``size`` spool bytes, stored and routed live."""
     position = router.routed_end
-    router._route_live((position, position + size), Batch("t", [(T0, {"n": 1})], "tcp"), size, None)
+    router._route_live((position, position + size), Batch("t", [(T0, {"n": "1"})], "tcp"), size, None)
 
 
 def samples(router: Router) -> dict[str, float]:
-    return {name: value for name, _, _, value in router.feed_samples()}
+    """The lake sink's feed samples."""
+    return {name: value for name, _, labels, value in router.feed_samples() if labels["sink"] == "lake"}
 
 
 def test_a_full_sink_holds_the_sources_that_push_back_until_it_drains(held):
@@ -100,6 +105,7 @@ def test_a_full_sink_holds_the_sources_that_push_back_until_it_drains(held):
     assert tcp.reading  # at its bound, not past it
     hand(router, 1)
     assert not tcp.reading and subscriber.reading  # a subscriber that stopped reading would lose messages
+    assert router.sources["elsewhere"].reading  # it feeds another sink only
     assert router.feeds["lake"].live  # it stays live: nothing is read back and decoded again
     assert samples(router)["logrouter_sink_holding_sources"] == 1
 

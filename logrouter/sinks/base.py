@@ -36,8 +36,8 @@ SINK_OPTIONS: dict[str, Option] = {
         positive
     ),
     "hold_sources_secs": Option(
-        (int, float), 5.0, "when the queue passes `max_queue_bytes`, how long the TCP sources may stop reading (their "
-        "senders wait) for it to drain; past that it reads from the spool and they read again. 0: never hold the "
+        (int, float), 5.0, "when the queue passes `max_queue_bytes`, how long the TCP sources feeding this sink may stop "
+        "reading (their senders wait) for it to drain; past that it reads from the spool and they read again. 0: never hold the "
         "sources (the spool takes the backlog at once, and the sink decodes it again)", non_negative
     ),
     "retry_initial_secs": Option((int, float), 1.0, "first wait after a failure (no server available, disk full); it doubles up to `retry_max_secs`", positive),
