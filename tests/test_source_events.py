@@ -85,7 +85,7 @@ def test_a_read_in_the_usual_shape_is_timed_column_wise(monkeypatch):
      "2026-11-23 22:00:00.5Z", "2026-11-23t22:00:00.5Z", "2026-11-23T22:00:00.5z", "2026-11-23T22:00:60.5Z",
      "2026-11-23T22:00:00,5Z", "2262-04-11T23:47:16.1Z", "1677-09-21T00:12:43.9Z", "2262-04-11T23:47:15.999999999Z",
      "1677-09-21T00:12:44.000000001Z", "9999-12-31T23:59:59.000Z", "0001-01-01T00:00:00.5Z", "2026-11-23T22:00:00Z",
-     "", None, 1_700_000_000, 1.5, {"t": 1}, b"2026-11-23T22:00:00.5Z"],
+     "", None, 1_700_000_000, 1.5, {"t": 1}, b"2026-11-23T22:00:00.5Z", "\ud800", "2026-11-23T22:00:00.5\ud800Z"],
 )
 def test_one_odd_stamp_among_many_comes_out_as_the_per_event_path_says(odd):
     from logrouter.sources.events import _time_of
@@ -124,7 +124,8 @@ def formatted(draw) -> str:
 
 def stamps() -> st.SearchStrategy:
     """Those, and what is no stamp at all."""
-    return st.one_of(formatted(), st.text(max_size=32), st.none(), st.integers())
+    return st.one_of(formatted(), st.text(max_size=32), st.text(st.characters(), max_size=4).map(lambda t: t + "\ud800"),
+                     st.none(), st.integers())
 
 
 @fuzz_settings()

@@ -85,7 +85,10 @@ def _stamp_times(records: list[dict[str, Any]]) -> list[int] | None:
     stamps = list(map(dict.get, records, repeat("@timestamp")))
     if set(map(type, stamps)) != {str}:
         return None
-    array = pa.array(stamps, pa.string())
+    try:
+        array = pa.array(stamps, pa.string())
+    except (pa.ArrowException, UnicodeError):  # a lone surrogate (from a "\ud800" escape)
+        return None
     lengths = pc.min_max(pc.utf8_length(array))
     if lengths["min"].as_py() < 22 or lengths["max"].as_py() > 30 or not pc.all(pc.ends_with(array, "Z")).as_py():
         return None
