@@ -175,19 +175,11 @@ def test_graceful_stop_lets_a_lagging_sink_catch_up_first(tmp_path):
     chunks = 200
     with Daemon(tmp_path, config) as daemon:
         daemon.start()
-        with socket.create_connection(("127.0.0.1", daemon.port("forward")), timeout=10) as sock:
-            for n in range(chunks):
-                entries = [[event_time(T0, i), {"n": n, "i": i}] for i in range(500)]
-                sock.sendall(packed_forward("app.lag", entries, f"lag-{n}"))
-            for n in range(chunks):
-                ack = msgpack.packb({"ack": f"lag-{n}"})
-                assert recv_exactly(sock, len(ack)) == ack
+        send_chunks_of_500(daemon, "lag", chunks)
         daemon.stop_gracefully()
         # (with 100,000 events the sink is still behind at SIGTERM: the stop waits for it)
         print("sink caught up during the stop:", "catching up with the spool first" in daemon.output)
-    rows = read_lake(tmp_path / "lake")
-    assert len(rows) == chunks * 500
-    assert len({(r["n"], r["i"]) for r in rows}) == chunks * 500
+    assert_each_event_once(tmp_path, chunks)
 
 
 def test_a_sink_slower_than_its_sender_holds_the_sender_and_every_event_lands_once(tmp_path):
@@ -197,18 +189,27 @@ def test_a_sink_slower_than_its_sender_holds_the_sender_and_every_event_lands_on
     chunks = 100
     with Daemon(tmp_path, config) as daemon:
         daemon.start()
-        with socket.create_connection(("127.0.0.1", daemon.port("forward")), timeout=30) as sock:
-            for n in range(chunks):
-                entries = [[event_time(T0, i), {"n": n, "i": i}] for i in range(500)]
-                sock.sendall(packed_forward("app.slow", entries, f"slow-{n}"))
-            for n in range(chunks):
-                ack = msgpack.packb({"ack": f"slow-{n}"})
-                assert recv_exactly(sock, len(ack)) == ack
+        send_chunks_of_500(daemon, "slow", chunks)
         metrics = daemon.metrics()
         labels = '{sink="lake",type="parquet"}'
         assert metrics[f"logrouter_sink_holds_total{labels}"] >= 1
         assert metrics[f"logrouter_sink_held_seconds_total{labels}"] > 0
         daemon.stop_gracefully()
+    assert_each_event_once(tmp_path, chunks)
+
+
+def send_chunks_of_500(daemon: Daemon, name: str, chunks: int) -> None:
+    """``chunks`` PackedForward chunks of 500 events sent back to back, then every ack read."""
+    with socket.create_connection(("127.0.0.1", daemon.port("forward")), timeout=30) as sock:
+        for n in range(chunks):
+            entries = [[event_time(T0, i), {"n": n, "i": i}] for i in range(500)]
+            sock.sendall(packed_forward(f"app.{name}", entries, f"{name}-{n}"))
+        for n in range(chunks):
+            ack = msgpack.packb({"ack": f"{name}-{n}"})
+            assert recv_exactly(sock, len(ack)) == ack
+
+
+def assert_each_event_once(tmp_path, chunks: int) -> None:
     rows = read_lake(tmp_path / "lake")
     assert len(rows) == chunks * 500
     assert len({(r["n"], r["i"]) for r in rows}) == chunks * 500
