@@ -184,7 +184,7 @@ class Router:
         self.paused_secs = 0.0
         self.pauses = 0
         self._paused_at = 0.0
-        self._not_reading: set[str] = set()  # sources told to pause (spool backlog or a full sink)
+        self._not_reading: set[Source] = set()  # told to pause (spool backlog or a full sink)
         self.stopping = False
         self.stop_requested = False
         self._starting: defer.Deferred | None = None
@@ -415,11 +415,11 @@ class Router:
                 and getattr(source, "PUSHES_BACK", False)
                 and any(not held.isdisjoint(node.reach) for node in self.routes.get(name, ()))
             )
-            if wait and name not in self._not_reading:
-                self._not_reading.add(name)
+            if wait and source not in self._not_reading:
+                self._not_reading.add(source)
                 source.pause_reading()
-            elif not wait and name in self._not_reading:
-                self._not_reading.discard(name)
+            elif not wait and source in self._not_reading:
+                self._not_reading.discard(source)
                 source.resume_reading()
 
     # -- catching up from the spool -------------------------------------------------------
@@ -711,7 +711,11 @@ class Router:
         plan = reloading.plan(old, new)
         # 1. Sources that go stop taking input; their stored batches get their replies.
         leaving = [self.sources.pop(name) for name in plan.stop_sources if name in self.sources]
-        self._not_reading.difference_update(plan.stop_sources)
+        for source in leaving:
+            if source in self._not_reading:
+                self._not_reading.discard(source)
+                if not self.paused:  # held for a sink only: let it read what its senders sent while it drains
+                    source.resume_reading()
         yield defer.DeferredList([defer.maybeDeferred(s.stop) for s in leaving], consumeErrors=True)
         # 2. Sinks that go get nothing more, finish a spool read under way, and commit.
         for name in plan.stop_sinks:
@@ -777,7 +781,7 @@ class Router:
             except Exception:  # noqa: BLE001 - e.g. a port in use
                 self.log.failure("reload: source {name} could not start; it is left out", name=name)
                 plan.failed.append(f"sources.{name}")
-                del self.sources[name]
+                self._not_reading.discard(self.sources.pop(name))
                 del config.sources[name]
                 plan.start_sources.remove(name)
                 self.routes = self._build_routes()
@@ -870,9 +874,10 @@ class Router:
             self._spool_retry_call.cancel()
         if self.metrics_port is not None:
             yield self.metrics_port.stopListening()
-        yield defer.DeferredList([defer.maybeDeferred(s.stop) for s in self.sources.values()], consumeErrors=True)
         for feed in self.feeds.values():
-            self._release_hold(feed)  # the sources are stopped: nothing left to hold
+            # No hold starts once stopping: sources read what their senders sent while they drain.
+            self._release_hold(feed)
+        yield defer.DeferredList([defer.maybeDeferred(s.stop) for s in self.sources.values()], consumeErrors=True)
         # The spool stays open while the sinks catch up: dead letters their filters report
         # on the way are stored and delivered like any batch (sources no longer add any).
         limit = float(self.config.router["shutdown_timeout_secs"])

@@ -39,6 +39,15 @@ class RecordingSource:
         assert not self.reading, "resumed while reading"
         self.reading = True
 
+    def start(self):
+        return defer.succeed(None)
+
+    def stop(self):
+        return defer.succeed(None)
+
+    def samples(self):
+        return iter(())
+
 
 class QueueSink(SinkBase):
     """Holds what it is handed until the test drains it."""
@@ -174,3 +183,99 @@ def test_the_sources_read_again_only_once_neither_the_spool_nor_a_sink_holds_the
     router._check_backpressure()
     assert tcp.reading and subscriber.reading
     assert tcp.pauses == 1  # told once, not once per reason
+
+
+# -- stopping, reloading, and what the option takes -------------------------------------------
+
+
+class StoppableSource(RecordingSource):
+    """Notes the calls it gets; its stop (the drain) ends when the test says."""
+
+    def __init__(self) -> None:
+        super().__init__(True)
+        self.calls: list[str] = []
+        self.stopped = defer.Deferred()
+
+    def pause_reading(self) -> None:
+        super().pause_reading()
+        self.calls.append("pause")
+
+    def resume_reading(self) -> None:
+        super().resume_reading()
+        self.calls.append("resume")
+
+    def stop(self):
+        self.calls.append("stop")
+        return self.stopped
+
+
+def test_a_stop_lets_held_sources_read_what_their_senders_sent_while_they_drain(held):
+    router, clock, _, _, _ = held
+    draining = StoppableSource()
+    router.sources = {"tcp": draining}
+    hand(router, BOUND + 1)
+    router.stop()
+    assert draining.calls == ["pause", "resume", "stop"]  # resumed before its drain, not after
+    hand(router, BOUND + 1)  # what it still reads does not hold it again
+    assert draining.reading
+    draining.stopped.callback(None)
+
+
+def test_a_reload_lets_a_held_source_it_stops_read_while_it_drains(tmp_path, held):
+    router, _, _, _, _ = held
+    leaving = StoppableSource()
+    router.sources["tcp"] = leaving
+    hand(router, BOUND + 1)
+    assert not leaving.reading
+    config = load_string(
+        f'[spool]\npath = "{tmp_path}/spool"\n'
+        '[sources.sub]\ntype = "fluent_forward"\nlisten = "tcp:0:interface=127.0.0.1"\n'
+        f'[sinks.lake]\ntype = "hold_queue"\ninputs = ["sub"]\nmax_queue_bytes = {BOUND}\nhold_sources_secs = 5\n'
+    )
+    router.reconfigure(config)
+    assert leaving.calls == ["pause", "resume", "stop"]
+    leaving.stopped.callback(None)
+
+
+def test_a_source_that_failed_to_start_in_a_reload_is_held_like_the_others_when_it_comes_back(
+    tmp_path, held, monkeypatch
+):
+    from logrouter import router as router_module
+
+    router, _, _, _, _ = held
+    built: list[StoppableSource] = []
+    first_start = defer.Deferred()
+
+    def build(cls, name, options, context):
+        source = StoppableSource()
+        source.start = (lambda: first_start) if not built else (lambda: defer.succeed(None))
+        built.append(source)
+        return source
+
+    monkeypatch.setattr(router_module, "build_source", build)
+    text = (
+        f'[spool]\npath = "{tmp_path}/spool"\n'
+        '[sources.tcp]\ntype = "fluent_forward"\nlisten = "tcp:0:interface=127.0.0.1"\n'
+        '[sources.late]\ntype = "fluent_forward"\nlisten = "tcp:0:interface=127.0.0.1"\n'
+        f'[sinks.lake]\ntype = "hold_queue"\ninputs = ["tcp", "late"]\nmax_queue_bytes = {BOUND}\nhold_sources_secs = 5\n'
+    )
+    router.reconfigure(load_string(text))
+    hand(router, BOUND + 1)  # held while `late` is starting ...
+    assert not built[0].reading
+    first_start.errback(OSError("port in use"))
+    assert "late" not in router.sources
+    router.reconfigure(load_string(text))  # ... and when it comes back, the hold still on
+    assert router.sources["late"] is built[-1] and not built[-1].reading
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "-1"])
+def test_hold_sources_secs_takes_a_finite_number_of_seconds(tmp_path, value):
+    from logrouter.config.load import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        load_string(
+            f'[spool]\npath = "{tmp_path}/spool"\n'
+            '[sources.tcp]\ntype = "fluent_forward"\nlisten = "tcp:0:interface=127.0.0.1"\n'
+            f'[sinks.lake]\ntype = "parquet"\ninputs = ["tcp"]\npath = "lake"\nhold_sources_secs = {value}\n'
+        )
+    assert [e for e in info.value.errors if e.startswith("sinks.lake.hold_sources_secs: must be")]

@@ -7,6 +7,8 @@ key against these specs and reports each problem with its path.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -59,12 +61,21 @@ _TOML_NAMES = {
 }
 
 
+def _finite(value: Any) -> None:
+    # TOML has nan and inf; neither is a size, a count or a number of seconds (nan
+    # passes every comparison check below, and a timer of inf or nan seconds never fires).
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"must be a finite number, got {value!r}")
+
+
 def positive(value: Any) -> None:
+    _finite(value)
     if value <= 0:
         raise ValueError(f"must be greater than 0, got {value!r}")
 
 
 def non_negative(value: Any) -> None:
+    _finite(value)
     if value < 0:
         raise ValueError(f"must be 0 or more, got {value!r}")
 
