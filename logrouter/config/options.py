@@ -8,7 +8,6 @@ key against these specs and reports each problem with its path.
 from __future__ import annotations
 
 import math
-
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -63,7 +62,7 @@ _TOML_NAMES = {
 
 def _finite(value: Any) -> None:
     # TOML has nan and inf; neither is a size, a count or a number of seconds (nan
-    # passes every comparison check below, and a timer of inf or nan seconds never fires).
+    # passes every comparison below, and the reactor's timers refuse nan and never fire at inf).
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"must be a finite number, got {value!r}")
 
