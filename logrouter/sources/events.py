@@ -320,26 +320,22 @@ def batch_builder(tag_template: TagTemplate, drop_metadata: bool = False) -> Cal
     def batches(records: list[dict[str, Any]], now: int) -> list[Batch]:
         if not records:
             return []
-        if static_tag is not None:
-            if drop_metadata:
-                for r in records:
-                    r.pop("@metadata", None)
-            return [Batch(static_tag, timed(records, now), json_values=True)]
-        tag = uniform(records) if len(records) >= _COLUMN_MIN else None
+        tag = static_tag
+        if tag is None and len(records) >= _COLUMN_MIN:
+            tag = uniform(records)
+        by_tag: dict[str, list[dict[str, Any]]]
         if tag is not None:
-            if drop_metadata:
-                for r in records:
-                    r.pop("@metadata", None)
-            return [Batch(tag, timed(records, now), json_values=True)]
-        by_tag: dict[str, list[dict[str, Any]]] = {}
-        for r in records:
-            tag = render(r)
-            group = by_tag.get(tag)
-            if group is None:
-                by_tag[tag] = [r]
-            else:
-                group.append(r)
-        if drop_metadata:
+            by_tag = {tag: records}
+        else:
+            by_tag = {}
+            for r in records:
+                tag = render(r)
+                group = by_tag.get(tag)
+                if group is None:
+                    by_tag[tag] = [r]
+                else:
+                    group.append(r)
+        if drop_metadata:  # after the tags: a template may read @metadata
             for r in records:
                 r.pop("@metadata", None)
         return [Batch(tag, timed(group, now), json_values=True) for tag, group in by_tag.items()]
