@@ -1,7 +1,8 @@
 """A Go program built for the tests from the Go module proxy, once, and cached.
 
 ``GoBinary`` is the generic part of the harnesses of real Go peers
-(``tests/log_courier_shipper.py``, ``tests/logjam_forwarder.py``):
+(``tests/log_courier_shipper.py``, ``tests/logjam_forwarder.py``) and of the Go load
+generators of ``bench/beats_load.py``:
 
 - ``ensure_built_with_reason()`` builds the program once with the Go toolchain and the
   module proxy (``go get module@version`` then ``go build package`` in a throwaway module),
@@ -20,6 +21,14 @@
   is not remembered: it is cheap to check again, and fixing it (installing a package)
   should work on the next run.
 
+A program of our own (``main_source``: a directory of ``package main`` Go files, e.g.
+``bench/lumber_send/``) is built the same way against a library from the proxy: its
+``*.go`` files are copied into the throwaway module, ``go get module@version`` fetches the
+library, and ``go build .`` builds them. Its cache folder is
+``tests/.cache/<cache_name>/<version>-<hash>/``, the hash (12 hex digits) taken over the
+files' names and contents, so an edit of the source builds anew (older folders stay until
+``tests/.cache`` is deleted).
+
 Knobs (environment), their names given per program: ``bin_env`` (a prebuilt binary to use
 instead of building), ``version_env`` (what to ask the proxy for), ``timeout_env``
 (seconds for the whole build).
@@ -33,6 +42,7 @@ the precondition's.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -76,6 +86,11 @@ class GoBinary:
     ``go get`` fetches at ``version``; ``package`` (default: the module) is what ``go
     build`` builds into ``binary``. Version and build timeout are read from their
     environment variables when the object is made (module import time).
+
+    With ``main_source`` (a directory) the program is not a package of the module but the
+    ``*.go`` files of that directory, built against ``module@version`` (``package`` is
+    then not used); their hash, taken when the object is made, is part of the cache
+    folder's name.
     """
 
     def __init__(
@@ -94,6 +109,7 @@ class GoBinary:
         precondition: Callable[[], str | None] | None = None,
         cache_name: str | None = None,
         failure_ttl: float = FAILURE_TTL,
+        main_source: Path | None = None,
     ) -> None:
         self.name = name
         self.module = module
@@ -105,7 +121,12 @@ class GoBinary:
         self.cgo = cgo
         self.precondition = precondition
         self.failure_ttl = failure_ttl
-        self.build_dir = CACHE_DIR / (cache_name or binary) / self.version.replace("/", "_")
+        self.main_source = Path(main_source).resolve() if main_source is not None else None
+        self.source_problem: str | None = None  # main_source unusable: why
+        folder = self.version.replace("/", "_")
+        if self.main_source is not None:
+            folder += "-" + self._source_hash()
+        self.build_dir = CACHE_DIR / (cache_name or binary) / folder
         self.binary = self.build_dir / binary
         self.failed = self.build_dir / "FAILED"
         self._result: tuple[Path | None, str] | None = None
@@ -130,9 +151,32 @@ class GoBinary:
 
     # -- building --------------------------------------------------------------------
 
+    def _source_files(self) -> list[Path]:
+        assert self.main_source is not None
+        return sorted(self.main_source.glob("*.go"))
+
+    def _source_hash(self) -> str:
+        """12 hex digits of a hash over the names and contents of main_source's *.go files."""
+        digest = hashlib.sha256()
+        try:
+            files = self._source_files()
+            for path in files:
+                data = path.read_bytes()
+                digest.update(f"{path.name}\0{len(data)}\0".encode())
+                digest.update(data)
+        except OSError as e:
+            self.source_problem = f"cannot read {self.main_source}: {e}"
+            return "unreadable"
+        if not files:
+            self.source_problem = f"no *.go files in {self.main_source}"
+            return "empty"
+        return digest.hexdigest()[:12]
+
     @property
     def _what(self) -> str:
         spec = f"{self.module}@{self.version}"
+        if self.main_source is not None:
+            return f"{self.main_source} (with {spec})"
         return spec if self.package == self.module else f"{self.package} ({spec})"
 
     def _ensure_built(self) -> tuple[Path | None, str]:
@@ -142,6 +186,8 @@ class GoBinary:
             if path.is_file() and os.access(path, os.X_OK):
                 return path, f"prebuilt binary from {self.bin_env}: {path}"
             return None, f"{self.bin_env}={override} is not an executable file"
+        if self.source_problem:
+            return None, f"{self.name} unavailable: {self.source_problem}"
         if self.binary.is_file():
             return self.binary, f"cached build {self.binary}"
         go = shutil.which("go")
@@ -194,13 +240,18 @@ class GoBinary:
             workdir = Path(work)
             (workdir / "go.mod").write_text("module logrouter.test/gobuild\n\ngo 1.21\n")
             output = workdir / self.binary_name
+            target = self.package
+            if self.main_source is not None:
+                for path in self._source_files():
+                    shutil.copyfile(path, workdir / path.name)
+                target = "."
             steps = [
                 # Resolves a commit (or `latest`) to its version through the proxy and
                 # fetches the module with its dependencies (a dependency's replace
                 # directives do not apply here, which is why this is not `go install
                 # mod@version`).
                 [go, "get", f"{self.module}@{self.version}"],
-                [go, "build", "-trimpath", "-o", str(output), self.package],
+                [go, "build", "-trimpath", "-o", str(output), target],
             ]
             for argv in steps:
                 if argv[1] == "build":
