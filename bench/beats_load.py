@@ -1,37 +1,61 @@
 #!/usr/bin/env python3
-"""Beats → Parquet load benchmark driven by go-lumber's own sender, ``tst-send``.
+"""Beats → Parquet load benchmark driven by go-lumber, the client library Beats send with.
 
-The load is the real Go client library: ``tst-send`` from ``github.com/elastic/go-lumber``
-(its ``client/v2``, the one libbeat's Logstash output is built on), built once with the Go
-toolchain through ``tests/go_binary.py`` and cached under ``tests/.cache/tst-send/``.
-Each ``tst-send`` process keeps one connection and sends one precomputed batch of
-``--batch`` events (2048: Beats' ``bulk_max_size``) again and again, forever, as v2
-windows (``W`` then one zlib ``C`` frame, ``--compress`` level 3 as Beats' default),
-``--pipelining`` windows in flight (``-pipeline 2``, Beats' default ``pipelining``). Its
-events are small (``@timestamp``, ``type: filebeat``, a lorem-ipsum ``message``,
-``offset``, ~165 bytes as JSON).
+The load is the real Go client library: ``github.com/elastic/go-lumber`` ``client/v2``,
+the one libbeat's Logstash output is built on, in one of two senders, both built once with
+the Go toolchain through ``tests/go_binary.py`` and cached under ``tests/.cache/``:
 
-How acks are counted. ``tst-send`` has no event count and no way to stop: it runs until
-killed, and counts the events of the windows it got the final ACK for only in an expvar
-(``ACKed`` at ``/debug/vars``). Killed at an arbitrary moment, it would leave windows the
-daemon had stored but whose ACK it never counted, so the rows could not be checked
-exactly. So every ``tst-send`` connects through a small relay in this script (loopback,
-one daemon connection per sender) that forwards whole windows only (it walks the frames
-and inflates ``C`` frames to count their ``J`` frames) and reads the daemon's ACKs on
-the way back. At the end of ``--seconds`` the relay stops forwarding (a window not yet
-forwarded is dropped: the daemon never sees it), waits for the final ACK of every window
-it did forward, and that is the acked count. It checks it against ``tst-send``'s own
-``ACKed`` counters (their sum must come to the same number once the last ACKs are
+- ``--sender tst-send`` (the default, so that figures stay comparable with earlier runs):
+  go-lumber's own test sender, ``cmd/tst-send`` of v0.1.0. It hands the library its batch
+  as 2048 ``map[string]interface{}`` events, which the library's default encoder
+  (``encoding/json``, by reflection) encodes again for every window. On a 2-core machine
+  that costs it more CPU per event than the daemon spends receiving, storing and acking
+  them (~4.7 against ~4.1 CPU s per million), so the sender, not the daemon, sets the
+  ceiling of this figure.
+- ``--sender lumber-send``: ``bench/lumber_send/main.go``, the same library, flags and
+  behaviour, and the same kind of events (byte for byte the same JSON), but each event is
+  encoded once at start-up and the client gets ``v2.JSONEncoder`` returning those bytes,
+  as Beats give go-lumber their own fast encoder instead of ``encoding/json``. The
+  windows, their framing, zlib compression and pipelining are the library's, as with
+  Beats; only the per-window reflection is gone. Use it to see what the daemon itself
+  can take.
+
+Each sender process keeps one connection and sends one precomputed batch of ``--batch``
+events (2048: Beats' ``bulk_max_size``) again and again, forever, as v2 windows (``W``
+then one zlib ``C`` frame, ``--compress`` level 3 as Beats' default; ``--compress 0``
+sends the ``J`` frames plainly), ``--pipelining`` windows in flight (``-pipeline 2``,
+Beats' default ``pipelining``). Its events are small (``@timestamp``, ``type:
+filebeat``, a lorem-ipsum ``message``, ``offset``, ~165 bytes as JSON).
+
+How acks are counted. The senders have no event count and no way to stop: they run until
+killed, and count the events of the windows they got the final ACK for only in an expvar
+(``ACKed`` at ``/debug/vars``). Killed at an arbitrary moment, a sender would leave
+windows the daemon had stored but whose ACK it never counted, so the rows could not be
+checked exactly. So every sender connects through a small relay in this script (loopback,
+one daemon connection per sender) that forwards whole windows only and reads the daemon's
+ACKs on the way back. To find the end of a window cheaply it trusts what go-lumber sends:
+``W`` N and then exactly one ``C`` frame holding all N ``J`` frames, so a window is
+complete when its top-level ``C`` frame is; only the first window of each connection is
+inflated, to check that its ``C`` frame does hold N events and to measure the JSON bytes
+per event (``--verify-frames`` inflates every ``C`` frame and counts its ``J`` frames,
+the relay's old way, which costs it ~0.8 CPU s per million events). Plain ``J`` frames
+are counted one by one. At the end of ``--seconds`` the relay stops forwarding (a window
+not yet forwarded is dropped: the daemon never sees it), waits for the final ACK of every
+window it did forward, and that is the acked count. It checks it against the senders'
+own ``ACKed`` counters (their sum must come to the same number once the last ACKs are
 through), then ends the senders and their daemon connections (at a window boundary) and
 stops the daemon with SIGTERM. The lake must hold exactly the acked events (exit 1
-otherwise). The relay costs this script some CPU (reported), not the daemon.
+otherwise): that is the real check, whatever the relay trusted. The relay costs this
+script some CPU (reported), not the daemon.
 
 It starts its own daemon (``twistd -n logrouter``) on loopback with a temporary spool and
 lake (``lumberjack`` source → ``parquet`` sink, ``durability = "fsync"`` by default) and
 reports: acked events/s, events/s end to end (lake rows / (load + graceful stop)), the
-daemon's CPU seconds per million events, its peak RSS and fsyncs per second.
+daemon's CPU seconds per million events, its peak RSS and fsyncs per second, and the
+CPU seconds of the senders and of the relay.
 
-Run by hand, e.g. ``.venv/bin/python bench/beats_load.py --seconds 20``.
+Run by hand, e.g. ``.venv/bin/python bench/beats_load.py --seconds 20`` or
+``.venv/bin/python bench/beats_load.py --seconds 20 --sender lumber-send``.
 ``--workers N`` sets ``[router] workers = N``; the relay opens each daemon connection from
 its own loopback address (127.0.0.2, .3, …) so that the supervisor, which spreads
 connections by peer address, can give them to different workers.
@@ -72,8 +96,19 @@ TST_SEND = GoBinary(
     version_env="LOGROUTER_BENCH_GO_LUMBER_VERSION",
     timeout_env="LOGROUTER_BENCH_GO_LUMBER_BUILD_TIMEOUT",
 )
+LUMBER_SEND = GoBinary(
+    name="lumber-send (bench/lumber_send, go-lumber client/v2)",
+    module="github.com/elastic/go-lumber",
+    main_source=Path(__file__).resolve().parent / "lumber_send",
+    binary="lumber-send",
+    default_version="v0.1.0",
+    bin_env="LOGROUTER_BENCH_LUMBER_SEND_BIN",
+    version_env="LOGROUTER_BENCH_GO_LUMBER_VERSION",
+    timeout_env="LOGROUTER_BENCH_GO_LUMBER_BUILD_TIMEOUT",
+)
+SENDERS = {"tst-send": TST_SEND, "lumber-send": LUMBER_SEND}
 DRAIN_TIMEOUT = 60.0  # after the cut: the most seconds to wait for the forwarded windows' ACKs
-EXPVAR_TIMEOUT = 5.0  # after the last ACK: the most seconds for tst-send's counters to catch up
+EXPVAR_TIMEOUT = 5.0  # after the last ACK: the most seconds for the senders' counters to catch up
 
 
 class ProtocolError(Exception):
@@ -103,14 +138,24 @@ def data_frames(inflated: bytes) -> tuple[int, int]:
 
 class WindowSplitter:
     """Cuts one client→server v2 stream into whole windows: ``feed()`` returns the bytes of
-    the windows it completed and their sizes, and keeps an incomplete one for later."""
+    the windows it completed and their sizes, and keeps an incomplete one for later.
 
-    def __init__(self) -> None:
+    A top-level ``C`` frame completes its window (go-lumber sends ``W`` N and one ``C``
+    frame of all N ``J`` frames); it is inflated only for the first window (to check that
+    it does hold N events, and for the JSON bytes per event), or for every window with
+    ``verify`` (then its ``J`` frames are counted and a window may span several ``C``
+    frames). Plain ``J`` frames are always counted.
+    """
+
+    def __init__(self, verify: bool = False) -> None:
+        self.verify = verify
         self.pending = bytearray()
         self.pos = 0  # parsed up to here
         self.size = 0  # the current window's announced size (0: between windows)
         self.left = 0  # its events not seen yet
-        self.json_bytes = 0  # of the J frames' documents, for the report
+        self.json_bytes = 0  # of the J frames seen (inflated or plain), for the report
+        self.json_events = 0  # the J frames they were in
+        self.windows_seen = 0
 
     def feed(self, data: bytes) -> tuple[bytes, list[int]]:
         self.pending += data
@@ -123,14 +168,26 @@ class WindowSplitter:
             if kind == 0x57:  # W
                 if self.left:
                     raise ProtocolError("a window started before the previous one was complete")
+                if not value:
+                    raise ProtocolError("a window of 0 events")
                 self.size = self.left = value
                 pos += 6
             elif kind == 0x43:  # C
                 if len(buf) - pos < 6 + value:
                     break
-                count, json_bytes = data_frames(zlib.decompress(buf[pos + 6:pos + 6 + value]))
-                self.left -= count
-                self.json_bytes += json_bytes
+                if not self.left:
+                    raise ProtocolError("a C frame outside a window")
+                if self.verify or not self.windows_seen:
+                    count, json_bytes = data_frames(zlib.decompress(buf[pos + 6:pos + 6 + value]))
+                    self.json_events += count
+                    self.json_bytes += json_bytes
+                    if not self.verify and count != self.left:
+                        raise ProtocolError(
+                            f"the first window's C frame holds {count} of its {self.left} events left: this "
+                            "relay assumes one C frame per window (as go-lumber sends); use --verify-frames")
+                    self.left -= count
+                else:
+                    self.left = 0  # trusted: the window's one C frame holds all of it
                 pos += 6 + value
             elif kind == 0x4A:  # J: seq, then the length
                 if len(buf) - pos < 10:
@@ -139,6 +196,7 @@ class WindowSplitter:
                 if len(buf) - pos < 10 + length:
                     break
                 self.left -= 1
+                self.json_events += 1
                 self.json_bytes += length
                 pos += 10 + length
             else:
@@ -147,6 +205,7 @@ class WindowSplitter:
                 raise ProtocolError("more events than the window announced")
             if self.size and not self.left:
                 sizes.append(self.size)
+                self.windows_seen += 1
                 self.size = 0
                 done = pos
         out = bytes(buf[:done])
@@ -158,15 +217,17 @@ class WindowSplitter:
 class Relay:
     """Forwards whole windows from the senders to the daemon and counts their final ACKs."""
 
-    def __init__(self, daemon_port: int) -> None:
+    def __init__(self, daemon_port: int, verify_frames: bool = False) -> None:
         self.daemon_port = daemon_port
+        self.verify_frames = verify_frames
         self.cut = False  # stop forwarding: the load is over
         self.acked_events = 0
         self.windows = 0
         self.keepalives = 0
         self.forwarded_events = 0
         self.forwarded_bytes = 0  # on the wire
-        self.json_bytes = 0
+        self.json_bytes = 0  # of the J frames the relay looked into
+        self.json_events = 0  # their number
         self.accepted = 0
         self.connections: list[dict] = []
         self.errors: list[str] = []
@@ -182,7 +243,7 @@ class Relay:
     async def accept(self, client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
         # Each daemon connection from its own loopback address, like senders on different
         # hosts: with [router] workers the supervisor spreads connections by peer address
-        # (tst-send itself cannot choose its source address).
+        # (the senders cannot choose their source address).
         local = (f"127.0.0.{2 + self.accepted % 250}", 0)
         self.accepted += 1
         try:
@@ -205,7 +266,7 @@ class Relay:
             self.drained.set()  # wake the waiter: it reports the error
 
     async def upstream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: dict) -> None:
-        splitter = WindowSplitter()
+        splitter = WindowSplitter(self.verify_frames)
         while not self.cut:
             data = await reader.read(1 << 16)
             if not data or self.cut:
@@ -216,7 +277,8 @@ class Relay:
                 self.forwarded_events += sum(sizes)
                 self.forwarded_bytes += len(whole)
                 self.json_bytes += splitter.json_bytes
-                splitter.json_bytes = 0
+                self.json_events += splitter.json_events
+                splitter.json_bytes = splitter.json_events = 0
                 writer.write(whole)
                 await writer.drain()
 
@@ -229,7 +291,7 @@ class Relay:
                 if outstanding:
                     raise ProtocolError(f"the daemon closed a connection with {len(outstanding)} windows unacked")
                 return
-            writer.write(data)  # tst-send gets every ACK as it came
+            writer.write(data)  # the sender gets every ACK as it came
             buffer += data
             end = len(buffer) - len(buffer) % 6
             for pos in range(0, end, 6):
@@ -279,6 +341,7 @@ class Load:
     """The senders and the relay for one run; what they counted."""
 
     def __init__(self, binary: Path, daemon_port: int, args: argparse.Namespace, workdir: Path) -> None:
+        self.name = args.sender
         self.binary, self.daemon_port, self.args, self.workdir = binary, daemon_port, args, workdir
         self.senders: list[tuple[subprocess.Popen, int]] = []
         self.sender_acked = 0
@@ -292,7 +355,7 @@ class Load:
                 "-pipeline", str(a.pipelining), "-compress", str(a.compress), "-httpprof", f"127.0.0.1:{http_port}"]
 
     async def run(self) -> float:
-        relay = self.relay = Relay(self.daemon_port)
+        relay = self.relay = Relay(self.daemon_port, self.args.verify_frames)
         server = await asyncio.start_server(relay.accept, "127.0.0.1", 0)
         relay_port = server.sockets[0].getsockname()[1]
         cpu0 = time.process_time()
@@ -300,7 +363,7 @@ class Load:
         try:
             for i in range(self.args.senders):
                 http_port = free_port()
-                log = open(self.workdir / f"tst-send-{i}.log", "wb")
+                log = open(self.workdir / f"{self.name}-{i}.log", "wb")
                 proc = subprocess.Popen(self.sender_argv(relay_port, http_port), stdin=subprocess.DEVNULL,
                                         stdout=log, stderr=subprocess.STDOUT)
                 log.close()
@@ -317,7 +380,7 @@ class Load:
                 raise SystemExit("relay failed: " + "; ".join(relay.errors))
             elapsed = time.monotonic() - start
             self.relay_cpu = time.process_time() - cpu0
-            # tst-send counts an ACK after it read it: give its counters a moment to catch up
+            # a sender counts an ACK after it read it: give its counters a moment to catch up
             deadline = time.monotonic() + EXPVAR_TIMEOUT
             while True:
                 self.sender_acked = sum([await asyncio.to_thread(expvar_acked, port) for _, port in self.senders])
@@ -345,7 +408,7 @@ class Load:
 
     def logs(self) -> str:
         return "".join(
-            f"--- tst-send {i}:\n" + (self.workdir / f"tst-send-{i}.log").read_text(errors="replace")[-2000:]
+            f"--- {self.name} {i}:\n" + (self.workdir / f"{self.name}-{i}.log").read_text(errors="replace")[-2000:]
             for i in range(len(self.senders))
         )
 
@@ -357,17 +420,22 @@ def config_text(args: argparse.Namespace) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=20, help="how long the senders send")
-    parser.add_argument("--senders", type=int, default=4, help="tst-send processes (one connection each)")
+    parser.add_argument("--sender", default="tst-send", choices=sorted(SENDERS),
+                        help="the load generator: go-lumber's tst-send (reflection JSON per window) or "
+                             "bench/lumber_send (events pre-encoded, as Beats' own encoder hands them over)")
+    parser.add_argument("--senders", type=int, default=4, help="sender processes (one connection each)")
     parser.add_argument("--batch", type=int, default=2048, help="events per window (Beats' bulk_max_size)")
-    parser.add_argument("--pipelining", type=int, default=2, help="tst-send -pipeline: windows in flight (Beats' default 2)")
+    parser.add_argument("--pipelining", type=int, default=2, help="-pipeline: windows in flight (Beats' default 2)")
     parser.add_argument("--compress", type=int, default=3, help="zlib level of the C frame (Beats' default 3)")
     parser.add_argument("--durability", default="fsync", choices=["fsync", "os", "none"])
     parser.add_argument("--workers", type=int, default=1, help="[router] workers (written only when not 1)")
     parser.add_argument("--tag", default="beats.${type}", help="the source's tag option")
+    parser.add_argument("--verify-frames", action="store_true",
+                        help="inflate every C frame and count its J frames (default: only each connection's first)")
     args = parser.parse_args()
     if not (0 < args.seconds <= 3600 and 0 < args.senders <= 64 and args.pipelining >= 1):
         raise SystemExit("--seconds must be in (0, 3600], --senders in 1..64, --pipelining at least 1")
-    binary, why = TST_SEND.ensure_built_with_reason()
+    binary, why = SENDERS[args.sender].ensure_built_with_reason()
     if binary is None:
         raise SystemExit(why)
     with tempfile.TemporaryDirectory(prefix="logrouter-bench-") as tmp:
@@ -382,22 +450,26 @@ def main() -> None:
         relay = load.relay
         acked, elapsed, rows = relay.acked_events, run.elapsed, run.rows
         workers = f" workers={args.workers}" if args.workers != 1 else ""
-        per_event = relay.json_bytes / relay.forwarded_events if relay.forwarded_events else float("nan")
+        per_event = relay.json_bytes / relay.json_events if relay.json_events else float("nan")
         per_window = relay.forwarded_bytes / relay.forwarded_events * args.batch if relay.forwarded_events else float("nan")
-        print(f"durability={args.durability} senders={args.senders} (go-lumber tst-send -batch {args.batch} "
+        print(f"durability={args.durability} senders={args.senders} ({args.sender} -batch {args.batch} "
               f"-pipeline {args.pipelining} -compress {args.compress}){workers} "
               f"(window ~{per_window:,.0f} bytes on the wire, ~{per_event:.0f} bytes/event as JSON)")
         print(f"  {acked / elapsed:,.0f} events/s acked ({acked:,} events, {relay.windows:,} windows in {elapsed:.1f}s; "
-              f"tst-send counted {load.sender_acked:,}; {relay.keepalives} keepalive ACKs)")
+              f"{args.sender} counted {load.sender_acked:,}; {relay.keepalives} keepalive ACKs)")
         print(run.end_to_end_line(rows))
         print(run.cpu_line(rows))
         print(f"  {run.fsyncs / elapsed:,.1f} fsyncs/s, peak RSS {run.rss_mb:,.0f} MiB, "
               f"graceful stop {run.stop_secs:.1f}s (exit {run.exit_code})")
-        print(f"  senders' CPU {load.sender_cpu:,.1f} s, relay CPU {load.relay_cpu:,.1f} s (this script)")
+        million = acked / 1e6 if acked else float("nan")
+        checked = "every C frame inflated" if args.verify_frames else "first window per connection inflated"
+        print(f"  senders' CPU {load.sender_cpu:,.1f} s ({load.sender_cpu / million:,.2f} s per million), "
+              f"relay CPU {load.relay_cpu:,.1f} s ({load.relay_cpu / million:,.2f} s per million; "
+              f"this script, {checked})")
         print(f"  lake rows {rows:,} ({'matches' if rows == acked else 'MISMATCH with'} acked events)")
         if rows != acked or load.sender_acked != acked or not run.clean_stop:
             if load.sender_acked != acked:
-                print(f"  tst-send's ACKed counters ({load.sender_acked:,}) differ from the relay's count")
+                print(f"  {args.sender}'s ACKed counters ({load.sender_acked:,}) differ from the relay's count")
             sys.stdout.write("".join(lines[-40:]) + load.logs())
             sys.exit(1)
 
