@@ -38,8 +38,9 @@ from logrouter.spool.record import RecentBatches, decode_key, encode_batch
 
 READ_CHUNK_BYTES = 4 << 20
 LOW_WATER = 0.8  # resume sources / feed a sink again below this share of its bound
-# A sink holding the sources still takes what was in flight (and what sources that
-# cannot push back send) up to this share of its bound; past it, it reads from the spool.
+# A sink holding the sources still takes what sources that cannot push back send up to
+# this share of its bound; past it, it reads from the spool. What the held sources had
+# read before they stopped is taken besides (bounded: they read nothing more).
 HOLD_SLACK = 1.5
 MAX_UNWRITTEN_BYTES = 64 << 20  # appended but not yet written by the spool's worker
 DRAIN_SHARE = 0.8  # of shutdown_timeout_secs, for sinks to catch up before they commit
@@ -144,6 +145,7 @@ class SinkFeed:
         self.hold_call: Any = None
         self.holds = 0
         self.held_secs = 0.0
+        self.held_inflow = 0  # spool bytes routed to it from sources not reading, this hold
 
 
 class Router:
@@ -341,8 +343,13 @@ class Router:
                 # Filter and sink nodes catch their own errors, so this is a bug: log it
                 # loudly, and still ack, since the batch is durable in the spool.
                 self.log.failure("routing the batch at spool position {position} failed", position=position)
+            # A held source still hands over what it had read before it stopped.
+            from_held = self.sources.get(batch.source) in self._not_reading
             for name in targets:
-                self._handed(self.feeds[name], end)
+                feed = self.feeds[name]
+                if from_held and feed.held_since is not None:
+                    feed.held_inflow += size
+                self._handed(feed, end)
         self._release_recent()
 
     def _release_recent(self) -> None:
@@ -376,8 +383,8 @@ class Router:
                 feed.hold_call = self.reactor.callLater(hold, self._hold_expired, feed)
                 self._apply_reading()
                 return
-        elif feed.sink.queued_bytes <= feed.sink.options["max_queue_bytes"] * HOLD_SLACK:
-            return  # in flight when the sources stopped reading
+        elif feed.sink.queued_bytes <= feed.sink.options["max_queue_bytes"] * HOLD_SLACK + feed.held_inflow:
+            return  # in flight when the sources stopped, or a little from those that cannot stop reading
         feed.live = False  # over its memory bound: it reads the rest from the spool
         self._release_hold(feed)
 
@@ -400,6 +407,7 @@ class Router:
             return
         feed.held_secs += self.reactor.seconds() - feed.held_since
         feed.held_since = None
+        feed.held_inflow = 0
         if feed.hold_call is not None and feed.hold_call.active():
             feed.hold_call.cancel()
         feed.hold_call = None
