@@ -177,9 +177,16 @@ class TableBuilder:
     ) -> None:
         """Fields outside the schema -> ``extras``; their types are learned for the next file."""
         names = self._names
+        # Records of one source mostly share their fields and their order: which of a
+        # record's fields lie outside the schema is worked out once per such shape.
+        outside: dict[tuple[Any, ...], tuple[Any, ...]] = {}
         for index, record in enumerate(records):
-            if not names.issuperset(record):
-                fields = {key: value for key, value in record.items() if key not in names and value is not None}
+            shape = tuple(record)
+            keys = outside.get(shape)
+            if keys is None:
+                keys = outside[shape] = tuple(key for key in shape if key not in names)
+            if keys:
+                fields = {key: value for key in keys if (value := record[key]) is not None}
                 if fields:
                     extras[index] = fields
         # In order of first appearance (not set order, which varies between runs): the

@@ -1,0 +1,48 @@
+"""Which fields of which records go to ``_extra``: ``TableBuilder._collect_unknown``
+works out a record shape's fields outside the schema once; the result must be the
+per-record rule's (fields not in the schema, None left out, each record's own order)."""
+
+from __future__ import annotations
+
+from fuzz_helpers import fuzz_settings
+from hypothesis import given
+from hypothesis import strategies as st
+
+from logrouter.lake.convert import TableBuilder
+from logrouter.lake.schema import ColumnTypes, file_schema
+
+NAMES = ["a", "b", "c", "lines", "info"]
+VALUES = st.one_of(st.none(), st.integers(-5, 5), st.text(max_size=3), st.lists(st.integers(), max_size=2))
+
+
+def builder(columns: dict) -> TableBuilder:
+    types = ColumnTypes()
+    return TableBuilder(file_schema(types, [columns], {}), types)
+
+
+def per_record(records: list[dict], names: frozenset) -> dict[int, dict]:
+    extras = {}
+    for index, record in enumerate(records):
+        fields = {k: v for k, v in record.items() if k not in names and v is not None}
+        if fields:
+            extras[index] = fields
+    return extras
+
+
+@fuzz_settings()
+@given(st.lists(st.dictionaries(st.sampled_from(NAMES), VALUES, max_size=5), max_size=30))
+def test_the_fields_outside_the_schema_are_each_records_own_in_its_order(records):
+    table = builder({"a": 1, "b": "x"})
+    unknown = set().union(*records).difference(table._names)
+    extras: dict = {}
+    table._collect_unknown(records, unknown, extras)
+    assert extras == per_record(records, table._names)
+    assert [list(f) for f in extras.values()] == [list(f) for f in per_record(records, table._names).values()]
+
+
+def test_records_of_one_shape_in_another_order_keep_theirs():
+    table = builder({"a": 1})
+    records = [{"a": 1, "lines": [1], "info": "x"}, {"info": "y", "a": 2, "lines": None}, {"lines": [2], "info": "z", "a": 3}]
+    extras: dict = {}
+    table._collect_unknown(records, {"lines", "info"}, extras)
+    assert [list(f.items()) for f in extras.values()] == [[("lines", [1]), ("info", "x")], [("info", "y")], [("lines", [2]), ("info", "z")]]
