@@ -20,12 +20,31 @@ the Go toolchain through ``tests/go_binary.py`` and cached under ``tests/.cache/
   Beats; only the per-window reflection is gone. Use it to see what the daemon itself
   can take.
 
+``--event`` chooses the events' shape (``-event`` of lumber-send; tst-send has only the
+first):
+
+- ``flat`` (the default): tst-send's small flat events (``@timestamp``, ``type:
+  filebeat``, a lorem-ipsum ``message``, ``offset``, ~165 bytes as JSON); the source's
+  tag is ``beats.${type}``.
+- ``filebeat``: events as Filebeat 8.11 ships them to Logstash from a filestream input
+  reading an nginx access log, with ``add_host_metadata`` on: ``@timestamp`` (UTC,
+  milliseconds), ``@metadata``, an nginx ``combined`` line as ``message`` (client,
+  request, status, bytes, user agent vary per event), and the nested objects ``log``
+  (``offset``, ``file``), ``input``, ``ecs``, ``host`` (``os``, ``ip``, ``mac``, …) and
+  ``agent``, ~1 KB as JSON. Besides ``@timestamp`` and ``message`` every field is an
+  object: the lake writer stores them in its JSON ``_extra`` column, a costlier path
+  than typed columns. The source's tag is ``beats.${@metadata.beat}`` (the same
+  ``beats.filebeat``).
+
+``--tag`` overrides the tag either way. ``--show-row`` prints the lake's columns and its
+first row after the figures.
+
 Each sender process keeps one connection and sends one precomputed batch of ``--batch``
 events (2048: Beats' ``bulk_max_size``) again and again, forever, as v2 windows (``W``
 then one zlib ``C`` frame, ``--compress`` level 3 as Beats' default; ``--compress 0``
 sends the ``J`` frames plainly), ``--pipelining`` windows in flight (``-pipeline 2``,
-Beats' default ``pipelining``). Its events are small (``@timestamp``, ``type:
-filebeat``, a lorem-ipsum ``message``, ``offset``, ~165 bytes as JSON).
+Beats' default ``pipelining``). Its events are encoded once, at start-up, whatever
+their shape: per window it only frames and compresses.
 
 How acks are counted. The senders have no event count and no way to stop: they run until
 killed, and count the events of the windows they got the final ACK for only in an expvar
@@ -55,7 +74,8 @@ daemon's CPU seconds per million events, its peak RSS and fsyncs per second, and
 CPU seconds of the senders and of the relay.
 
 Run by hand, e.g. ``.venv/bin/python bench/beats_load.py --seconds 20`` or
-``.venv/bin/python bench/beats_load.py --seconds 20 --sender lumber-send``.
+``.venv/bin/python bench/beats_load.py --seconds 20 --sender lumber-send`` or
+``.venv/bin/python bench/beats_load.py --seconds 20 --sender lumber-send --event filebeat``.
 ``--workers N`` sets ``[router] workers = N``; the relay opens each daemon connection from
 its own loopback address (127.0.0.2, .3, …) so that the supervisor, which spreads
 connections by peer address, can give them to different workers.
@@ -109,6 +129,8 @@ LUMBER_SEND = GoBinary(
 SENDERS = {"tst-send": TST_SEND, "lumber-send": LUMBER_SEND}
 DRAIN_TIMEOUT = 60.0  # after the cut: the most seconds to wait for the forwarded windows' ACKs
 EXPVAR_TIMEOUT = 5.0  # after the last ACK: the most seconds for the senders' counters to catch up
+EVENT_SHAPES = ("flat", "filebeat")  # lumber-send's -event; tst-send sends flat ones only
+DEFAULT_TAGS = {"flat": "beats.${type}", "filebeat": "beats.${@metadata.beat}"}
 
 
 class ProtocolError(Exception):
@@ -351,8 +373,11 @@ class Load:
 
     def sender_argv(self, relay_port: int, http_port: int) -> list[str]:
         a = self.args
-        return [str(self.binary), "-c", f"127.0.0.1:{relay_port}", "-batch", str(a.batch),
+        argv = [str(self.binary), "-c", f"127.0.0.1:{relay_port}", "-batch", str(a.batch),
                 "-pipeline", str(a.pipelining), "-compress", str(a.compress), "-httpprof", f"127.0.0.1:{http_port}"]
+        if a.sender == "lumber-send":
+            argv += ["-event", a.event]
+        return argv
 
     async def run(self) -> float:
         relay = self.relay = Relay(self.daemon_port, self.args.verify_frames)
@@ -417,6 +442,17 @@ def config_text(args: argparse.Namespace) -> str:
     return source_to_lake("beats", "lumberjack", args.durability, workers=args.workers, tag=args.tag)
 
 
+def show_row(lake: Path) -> None:
+    """The lake's columns and the first row of its first file."""
+    import pyarrow.dataset as ds
+
+    dataset = ds.dataset(str(lake), partitioning="hive")
+    print(f"  lake columns: {', '.join(f'{field.name} ({field.type})' for field in dataset.schema)}")
+    rows = dataset.head(1).to_pylist()
+    if rows:
+        print("  first row: " + json.dumps(rows[0], default=str, ensure_ascii=False))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=20, help="how long the senders send")
@@ -429,12 +465,21 @@ def main() -> None:
     parser.add_argument("--compress", type=int, default=3, help="zlib level of the C frame (Beats' default 3)")
     parser.add_argument("--durability", default="fsync", choices=["fsync", "os", "none"])
     parser.add_argument("--workers", type=int, default=1, help="[router] workers (written only when not 1)")
-    parser.add_argument("--tag", default="beats.${type}", help="the source's tag option")
+    parser.add_argument("--event", default="flat", choices=EVENT_SHAPES,
+                        help="the events' shape: flat (tst-send's, ~165 bytes) or filebeat (Filebeat 8 filestream "
+                             "events with nested objects, ~1 KB; lumber-send only)")
+    parser.add_argument("--tag", help="the source's tag option (default: beats.${type} for flat events, "
+                                      "beats.${@metadata.beat} for filebeat ones)")
+    parser.add_argument("--show-row", action="store_true", help="print the lake's columns and its first row at the end")
     parser.add_argument("--verify-frames", action="store_true",
                         help="inflate every C frame and count its J frames (default: only each connection's first)")
     args = parser.parse_args()
     if not (0 < args.seconds <= 3600 and 0 < args.senders <= 64 and args.pipelining >= 1):
         raise SystemExit("--seconds must be in (0, 3600], --senders in 1..64, --pipelining at least 1")
+    if args.event != "flat" and args.sender != "lumber-send":
+        raise SystemExit(f"--event {args.event} needs --sender lumber-send: {args.sender} sends only flat events")
+    if args.tag is None:
+        args.tag = DEFAULT_TAGS[args.event]
     binary, why = SENDERS[args.sender].ensure_built_with_reason()
     if binary is None:
         raise SystemExit(why)
@@ -453,7 +498,7 @@ def main() -> None:
         per_event = relay.json_bytes / relay.json_events if relay.json_events else float("nan")
         per_window = relay.forwarded_bytes / relay.forwarded_events * args.batch if relay.forwarded_events else float("nan")
         print(f"durability={args.durability} senders={args.senders} ({args.sender} -batch {args.batch} "
-              f"-pipeline {args.pipelining} -compress {args.compress}){workers} "
+              f"-pipeline {args.pipelining} -compress {args.compress}) event={args.event}{workers} "
               f"(window ~{per_window:,.0f} bytes on the wire, ~{per_event:.0f} bytes/event as JSON)")
         print(f"  {acked / elapsed:,.0f} events/s acked ({acked:,} events, {relay.windows:,} windows in {elapsed:.1f}s; "
               f"{args.sender} counted {load.sender_acked:,}; {relay.keepalives} keepalive ACKs)")
@@ -467,6 +512,8 @@ def main() -> None:
               f"relay CPU {load.relay_cpu:,.1f} s ({load.relay_cpu / million:,.2f} s per million; "
               f"this script, {checked})")
         print(f"  lake rows {rows:,} ({'matches' if rows == acked else 'MISMATCH with'} acked events)")
+        if args.show_row:
+            show_row(workdir / "lake")
         if rows != acked or load.sender_acked != acked or not run.clean_stop:
             if load.sender_acked != acked:
                 print(f"  {args.sender}'s ACKed counters ({load.sender_acked:,}) differ from the relay's count")
