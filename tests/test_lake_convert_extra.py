@@ -7,6 +7,7 @@ from __future__ import annotations
 from fuzz_helpers import fuzz_settings
 from hypothesis import given
 from hypothesis import strategies as st
+import pyarrow as pa
 
 from logrouter.lake.convert import TableBuilder
 from logrouter.lake.schema import ColumnTypes, file_schema
@@ -46,3 +47,11 @@ def test_records_of_one_shape_in_another_order_keep_theirs():
     extras: dict = {}
     table._collect_unknown(records, {"lines", "info"}, extras)
     assert [list(f.items()) for f in extras.values()] == [[("lines", [1]), ("info", "x")], [("info", "y")], [("lines", [2]), ("info", "z")]]
+
+
+def test_a_field_outside_the_schema_is_learned_from_its_first_scalar_value_only():
+    table = builder({"a": 1})
+    records = [{"a": 1, "host": {"name": "x"}, "n": [1]}, {"a": 2, "host": {"name": "y"}, "n": None}, {"a": 3, "n": "7"}]
+    table._collect_unknown(records, {"host", "n"}, {})
+    assert "host" not in table.types  # objects only: nothing to learn
+    assert table.types.get("n") == pa.string()  # a list first, then its first scalar

@@ -30,6 +30,7 @@ from logrouter.lake.schema import (
     INT64,
     INT64_MAX,
     INT64_MIN,
+    SCALAR_TYPES,
     STRING,
     TIME,
     TIME_TYPE,
@@ -194,7 +195,10 @@ class TableBuilder:
         # max_columns, get columns.
         for key in field_order(records):
             if key in unknown and key not in self.types:
-                first = next((v for r in records if scalar_type(v := r.get(key)) is not None), None)
+                values = list(map(dict.get, records, repeat(key)))
+                if set(map(type, values)).isdisjoint(SCALAR_TYPES):
+                    continue  # only objects and lists (Beats' host, agent, log): nothing to learn
+                first = next((v for v in values if scalar_type(v) is not None), None)
                 self.types.learn(key, first)
 
     def _fit_values(
