@@ -5,10 +5,11 @@ since the Unix epoch (UTC) and ``record`` a ``dict`` with ``str`` keys. Sources 
 batches, filters return new or narrowed batches, sinks consume them. Nothing in the
 router handles single events outside of a batch.
 
-A source may also hand over the events as they arrived, still encoded (``packed``:
-e.g. a PackedForward entries blob and the clock reading its decode used), so the spool
-stores those bytes instead of encoding the events again (``logrouter.spool.record``).
-``packed`` must decode to exactly ``events``; a batch made by ``replace`` has none.
+A source may also hand over the events as they arrived, still encoded (``packed``: a
+format name and what that format stores, e.g. a PackedForward entries blob and the clock
+reading its decode used), so the spool stores those bytes instead of encoding the events
+again (``logrouter.spool.record`` lists the formats). ``packed`` must decode to exactly
+``events``; a batch made by ``replace`` has none.
 
 A batch read back from the spool for a sink that reads events in its own worker thread
 may be *deferred* (``Batch.deferred``): it holds the record's bytes and decodes them each

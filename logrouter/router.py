@@ -261,6 +261,7 @@ class Router:
         except Exception as e:  # noqa: BLE001 - e.g. a record nested deeper than msgpack packs
             self.unstorable_batches += 1
             return defer.fail(UnstorableBatch(f"batch cannot be stored: {type(e).__name__}: {e}"))
+        batch.packed = None  # in the payload now; the rest of the way reads the events
         if len(payload) > MAX_PAYLOAD:
             # A bigger record could not be read back: refuse it (this sender only) rather
             # than ack what the spool would later set aside as damage.

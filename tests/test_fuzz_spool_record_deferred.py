@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from fuzz_helpers import fuzz_settings, mutated
 from logrouter.batch import Batch
-from logrouter.spool.record import decode_batch, decode_deferred, encode_batch
+from logrouter.spool.record import FORWARD_ENTRIES, decode_batch, decode_deferred, encode_batch
 
 T0 = 1_700_000_000 * 10**9
 
@@ -41,7 +41,7 @@ def payloads(draw):
             msgpack.packb([msgpack.ExtType(0, struct.pack(">II", t // 10**9, t % 10**9)), r], use_bin_type=True)
             for t, r in events
         )
-        return encode_batch(Batch(tag, events, source, packed=(entries, T0)), key)
+        return encode_batch(Batch(tag, events, source, packed=(FORWARD_ENTRIES, entries, T0)), key)
     if kind == "v1":
         return msgpack.packb([1, source, tag, [[t, r] for t, r in events], key], use_bin_type=True)
     return encode_batch(Batch(tag, events, source), key)

@@ -24,12 +24,17 @@ from logrouter.router import Router
 from logrouter.sinks.base import SINK_OPTIONS, SinkBase
 from logrouter.sources.fluent_forward import FluentForwardSource
 from logrouter.spool.log import SpoolLog
-from logrouter.spool.record import decode_batch, decode_key, encode_batch
+from logrouter.spool.record import FORWARD_ENTRIES, decode_batch, decode_key, encode_batch
 from logrouter.wire import fluent_forward as wire
 
 NS = 1_000_000_000
 T0 = 1_700_000_000
 NOW_NS = 1_800_000_000_123_456_789
+
+
+def stored(message: wire.EventMessage) -> tuple | None:
+    """The ``Batch.packed`` the forward source makes of a decoded message."""
+    return None if message.packed is None else (FORWARD_ENTRIES, *message.packed)
 
 
 def event_time(seconds: int, nanos: int = 0) -> msgpack.ExtType:
@@ -79,7 +84,7 @@ def test_a_packed_forward_message_is_stored_as_received_and_decodes_to_the_same_
     entries, now = message.packed
     assert now == NOW_NS
     assert entries == b"".join(msgpack.packb(e, use_bin_type=True, unicode_errors="surrogateescape") for e in ODD_ENTRIES)  # inflated, exact
-    batch = Batch(message.tag, message.events, "fwd", packed=message.packed)
+    batch = Batch(message.tag, message.events, "fwd", packed=stored(message))
     payload = encode_batch(batch, ("fwd", b"c1"))
     assert msgpack.unpackb(payload, raw=False, strict_map_key=False)[0] == 3
     assert entries in payload  # a copy of the bytes, not an encoding of the events
@@ -95,7 +100,7 @@ def test_a_packed_forward_message_is_stored_as_received_and_decodes_to_the_same_
 def test_without_time_zero_entries_no_clock_reading_is_stored():
     message = decode_live(packed_message([[event_time(T0), {"a": 1}]]))
     assert message.packed[1] is None
-    replayed, key = decode_batch(encode_batch(Batch(message.tag, message.events, "fwd", packed=message.packed)))
+    replayed, key = decode_batch(encode_batch(Batch(message.tag, message.events, "fwd", packed=stored(message))))
     assert replayed.events == [(T0 * NS, {"a": 1})] and key is None
 
 
@@ -103,13 +108,13 @@ def test_other_carrier_modes_carry_nothing_packed_and_are_stored_as_version_2():
     forward = wire.encode_forward("t", [(T0 * NS, {"a": 1})])
     (message,) = wire.ForwardDecoder().feed(forward)
     assert message.packed is None
-    payload = encode_batch(Batch(message.tag, message.events, "fwd", packed=message.packed))
+    payload = encode_batch(Batch(message.tag, message.events, "fwd", packed=stored(message)))
     assert msgpack.unpackb(payload)[0] == 2
     assert decode_batch(payload)[0].events == [[T0 * NS, {"a": 1}]]
 
 
 def test_a_replaced_batch_carries_no_packed_entries():
-    batch = Batch("t", [(1, {"a": 1})], "s", packed=(b"", None))
+    batch = Batch("t", [(1, {"a": 1})], "s", packed=(FORWARD_ENTRIES, b"", None))
     assert batch.replace(tag="u").packed is None
     assert batch.replace(events=[]).packed is None
 
@@ -187,7 +192,7 @@ def test_a_spool_of_older_records_and_version_3_records_replays_in_order(tmp_pat
     payloads = [
         msgpack.packb([1, "in", "old", [[T0 * NS, {"v": 1}]], ["in", b"c1"]], use_bin_type=True),
         msgpack.packb([2, "in", "old", [[T0 * NS + 2, {"v": 2}]], None], use_bin_type=True),
-        encode_batch(Batch(packed.tag, packed.events, "in", packed=packed.packed), ("in", b"c3")),
+        encode_batch(Batch(packed.tag, packed.events, "in", packed=stored(packed)), ("in", b"c3")),
     ]
     spool = SpoolLog(reactor, str(tmp_path / "spool"))
     spool.open()

@@ -25,6 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from logrouter.batch import Batch
+from logrouter.wire import json_text
 
 NANOS = 1_000_000_000
 
@@ -284,40 +285,68 @@ def check_tag(value: str) -> None:
 
 
 
-def batch_builder(tag_template: TagTemplate, drop_metadata: bool = False) -> Callable[[list[dict[str, Any]], int], list[Batch]]:
-    """``batches(records, now_ns)``: the per-event work, specialised once for a source's options."""
+def timed_events(records: list[dict[str, Any]], now: int) -> list[tuple[int, dict[str, Any]]]:
+    """The events of ``records``: each with its ``@timestamp``'s time, else ``now``."""
+    times = _stamp_times(records)
+    if times is not None:
+        return list(zip(times, records))
+    whole_seconds = _SECONDS_CACHE.get
+    fraction_scale = _FRACTION_SCALE
+    events = []
+    append = events.append
+    last: Any = None
+    t = now
+    for r in records:
+        stamp = r.get("@timestamp")
+        if stamp != last:  # consecutive events mostly share their stamp: parse once
+            last = stamp
+            t = -1
+            # Inline fast path for UTC with a fraction: Beats' own 2024-01-02T03:04:05.678Z,
+            # and Go's RFC3339Nano (up to nine digits, trailing zeros cut).
+            if stamp.__class__ is str and 21 < len(stamp) < 31 and stamp[19] == "." and stamp[-1] == "Z":
+                seconds = whole_seconds(stamp[:19])
+                digits = stamp[20:-1]
+                if seconds is not None and digits.isascii() and digits.isdigit():
+                    t = seconds * NANOS + int(digits) * fraction_scale[len(digits)]
+            if t < 0:
+                t = _time_of(stamp, now)
+        append((t, r))
+    return events
+
+
+# The name of the spool's packed form of a batch built here from JSON documents (see
+# ``logrouter.spool.record``). ``events_of_documents`` must keep giving the same events
+# for the same stored documents: a change to that needs a new name.
+JSON_DOCUMENTS = "json-documents"
+
+
+def events_of_documents(documents: list[bytes], now: int, drop_metadata: bool) -> list[tuple[int, dict[str, Any]]]:
+    """The events ``batch_builder`` made of ``documents`` (each a JSON object's text)
+    read ``now`` (the packed form ``(JSON_DOCUMENTS, documents, now, drop_metadata)``)."""
+    records = []
+    for document in documents:
+        record = json_text.loads(document)
+        if record.__class__ is not dict:
+            raise ValueError(f"a stored JSON document is a {type(record).__name__}, not an object")
+        records.append(record)
+    if drop_metadata:
+        for r in records:
+            r.pop("@metadata", None)
+    return timed_events(records, now)
+
+
+def batch_builder(
+    tag_template: TagTemplate, drop_metadata: bool = False
+) -> Callable[..., list[Batch]]:
+    """``batches(records, now_ns, documents=None)``: the per-event work, specialised once
+    for a source's options. ``documents``, when given, are the texts the records were
+    decoded from, one each: a batch of all of them then carries them (``Batch.packed``)
+    and the spool stores them instead of encoding the records again."""
     static_tag = tag_template.static
     render = tag_template.render
     uniform = tag_template.uniform
-    whole_seconds = _SECONDS_CACHE.get
-    fraction_scale = _FRACTION_SCALE
 
-    def timed(records: list[dict[str, Any]], now: int) -> list[tuple[int, dict[str, Any]]]:
-        times = _stamp_times(records)
-        if times is not None:
-            return list(zip(times, records))
-        events = []
-        append = events.append
-        last: Any = None
-        t = now
-        for r in records:
-            stamp = r.get("@timestamp")
-            if stamp != last:  # consecutive events mostly share their stamp: parse once
-                last = stamp
-                t = -1
-                # Inline fast path for UTC with a fraction: Beats' own 2024-01-02T03:04:05.678Z,
-                # and Go's RFC3339Nano (up to nine digits, trailing zeros cut).
-                if stamp.__class__ is str and 21 < len(stamp) < 31 and stamp[19] == "." and stamp[-1] == "Z":
-                    seconds = whole_seconds(stamp[:19])
-                    digits = stamp[20:-1]
-                    if seconds is not None and digits.isascii() and digits.isdigit():
-                        t = seconds * NANOS + int(digits) * fraction_scale[len(digits)]
-                if t < 0:
-                    t = _time_of(stamp, now)
-            append((t, r))
-        return events
-
-    def batches(records: list[dict[str, Any]], now: int) -> list[Batch]:
+    def batches(records: list[dict[str, Any]], now: int, documents: list[bytes] | None = None) -> list[Batch]:
         if not records:
             return []
         tag = static_tag
@@ -335,9 +364,12 @@ def batch_builder(tag_template: TagTemplate, drop_metadata: bool = False) -> Cal
                     by_tag[tag] = [r]
                 else:
                     group.append(r)
+        packed = None
+        if documents is not None and len(by_tag) == 1 and len(documents) == len(records):
+            packed = (JSON_DOCUMENTS, documents, now, drop_metadata)
         if drop_metadata:  # after the tags: a template may read @metadata
             for r in records:
                 r.pop("@metadata", None)
-        return [Batch(tag, timed(group, now), json_values=True) for tag, group in by_tag.items()]
+        return [Batch(tag, timed_events(group, now), json_values=True, packed=packed) for tag, group in by_tag.items()]
 
     return batches

@@ -51,6 +51,7 @@ from logrouter.config.endpoints import listen_option
 from logrouter.config.options import Option, non_negative, positive
 from logrouter.sources.offload import IteratorRun, OffloadPool
 from logrouter.sources.stream import HandshakeDone, HandshakeFailed, StreamProtocol, StreamSource
+from logrouter.spool.record import FORWARD_ENTRIES
 from logrouter.wire import fluent_forward as wire
 from logrouter.wire import fluent_handshake as handshake
 
@@ -150,7 +151,10 @@ class ForwardProtocol(StreamProtocol):
             return
         on_durable = None if chunk is None else (lambda: self.ack(chunk))
         # packed: the entries as received, which the spool stores instead of encoding the events
-        self.submit(Batch(message.tag, message.events, packed=message.packed), on_durable, chunk)
+        packed = message.packed
+        if packed is not None:
+            packed = (FORWARD_ENTRIES, *packed)
+        self.submit(Batch(message.tag, message.events, packed=packed), on_durable, chunk)
 
     def ack(self, chunk: bytes | None) -> None:
         if chunk is not None:

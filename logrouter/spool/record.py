@@ -7,14 +7,21 @@ The optional idempotency key is what lets retransmissions be recognised after a 
 (see ``logrouter.dedupe``): ``[source, batch id]`` or ``[source, writer, event number]``.
 
 Layout: ``[version, source, tag, events, key]``. Versions: 1 knew batch ids only; 2 adds
-writer keys; 3 stores, in place of the events, what arrived: ``[format, bytes, now]``
-for a batch that carries it (``Batch.packed``), so storing costs a copy of those bytes
-instead of encoding every event. The only format is ``"forward"``: a PackedForward
-entries blob (inflated) and the clock reading its time-0 entries got, decoded again by
-``wire.fluent_forward.decode_entries`` into exactly the events the live path routed.
-That decode must stay stable: a change to what it yields for the same bytes needs a new
-format name here. Batches without ``packed`` are written as version 2. Every version
-is read, so a spool written before an upgrade still replays.
+writer keys; 3 stores, in place of the events, what arrived: ``[format, …]`` for a batch
+that carries it (``Batch.packed``), so storing costs a copy of those bytes instead of
+encoding every event. Formats:
+
+- ``"forward"``, ``[format, entries, now]``: a PackedForward entries blob (inflated) and
+  the clock reading its time-0 entries got, decoded again by
+  ``wire.fluent_forward.decode_entries``;
+- ``"json-documents"``, ``[format, documents, now, drop_metadata]``: the JSON texts of a
+  Beats window's events (one bin each) and the clock reading events without a usable
+  ``@timestamp`` got, turned into events again by ``sources.events.events_of_documents``.
+
+Each gives exactly the events the live path routed. Those decodes must stay stable: a
+change to what one yields for the same bytes needs a new format name here. Batches
+without ``packed`` are written as version 2. Every version is read, so a spool written
+before an upgrade still replays.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import msgpack
 import msgspec
 
 from logrouter.batch import Batch
+from logrouter.sources.events import JSON_DOCUMENTS, events_of_documents
 from logrouter.wire.fluent_forward import decode_entries
 
 VERSION = 2  # batches of decoded events
@@ -44,10 +52,7 @@ _JSON_VALUES_REFUSED = (TypeError, ValueError, OverflowError)  # lone surrogates
 def encode_batch(batch: Batch, key: tuple | None = None) -> bytes:
     packed = batch.packed
     if packed is not None:
-        entries, now = packed
-        return msgpack.packb(
-            (PACKED_VERSION, batch.source, batch.tag, (FORWARD_ENTRIES, entries, now), key), **_PACK
-        )
+        return msgpack.packb((PACKED_VERSION, batch.source, batch.tag, packed, key), **_PACK)
     body = (VERSION, batch.source, batch.tag, batch.events, key)
     if batch.json_values:
         try:
@@ -64,10 +69,15 @@ def _key(key: list | None) -> tuple | None:
 def decode_batch(payload: bytes) -> tuple[Batch, tuple | None]:
     version, source, tag, events, key = msgpack.unpackb(payload, **_UNPACK)
     if version == PACKED_VERSION:
-        form, entries, now = events
-        if form != FORWARD_ENTRIES:
+        form = events[0]
+        if form == FORWARD_ENTRIES:
+            _, entries, now = events
+            events, _ = decode_entries(entries, now)
+        elif form == JSON_DOCUMENTS:
+            _, documents, now, drop_metadata = events
+            events = events_of_documents(documents, now, drop_metadata)
+        else:
             raise ValueError(f"unknown packed events format {form!r} in a spool record")
-        events, _ = decode_entries(entries, now)
     elif version not in READABLE_VERSIONS:
         raise ValueError(f"unknown spool record version {version}")
     # Events come back as [time_ns, record] lists (versions 1, 2) or tuples (3); both

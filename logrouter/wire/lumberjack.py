@@ -129,7 +129,9 @@ class Window:
 class Events:
     """Consecutive data frames of one window, decoded by one ``feed`` call.
 
-    ``records`` are the valid events in order (v2: the JSON objects; v1: dicts of str).
+    ``records`` are the valid events in order (v2: the JSON objects; v1: dicts of str);
+    ``documents`` the JSON texts of the v2 ones, in the same order (the spool stores
+    those rather than encoding the records again).
     ``ack_seq`` is the highest ``seq`` seen in this window up to and including these
     frames: acknowledge with it once these and all earlier events are stored. ``frames``
     counts the data frames (valid and invalid); ``invalid`` those whose payload was not a
@@ -141,6 +143,7 @@ class Events:
     version: int
     window: int
     records: list[dict[str, Any]] = field(default_factory=list)
+    documents: list[bytes] = field(default_factory=list, compare=False, repr=False)
     ack_seq: int = 0
     frames: int = 0
     invalid: int = 0
@@ -405,6 +408,7 @@ class LumberjackDecoder:
         """
         group = self._open_group()
         append = group.records.append
+        keep = group.documents.append
         loads = json_text.loads
         unpack = _U32X2.unpack_from
         vbyte = self._vbyte
@@ -417,12 +421,14 @@ class LumberjackDecoder:
             stop = pos + 10 + size
             if stop > end or size > limit:
                 break  # the caller waits for it, or refuses it once this run is accounted
+            document = buf[pos + 10 : stop]
             try:
-                record = loads(buf[pos + 10 : stop])
+                record = loads(document)
             except _JSON_ERRORS as e:
                 record = e
             if record.__class__ is dict:
                 append(record)
+                keep(document)
             else:
                 self._invalid(group, record, seq)
             frames += 1
