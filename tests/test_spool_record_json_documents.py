@@ -1,5 +1,6 @@
-"""Spool records of Beats windows: the JSON texts as they arrived (the packed form
-``json-documents``), turned back into exactly the events the live path routed."""
+"""Spool records of Beats windows and Log Courier payloads: the JSON texts as they arrived
+(the packed form ``json-documents``), turned back into exactly the events the live path
+routed."""
 
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ import source_fakes
 from source_fakes import T0
 from logrouter.batch import Batch
 from logrouter.sources.events import JSON_DOCUMENTS, TagTemplate, batch_builder
+from logrouter.sources.log_courier import LogCourierSource
 from logrouter.sources.lumberjack import LumberjackSource
 from logrouter.spool.record import decode_batch, encode_batch
+from logrouter.wire import log_courier as lc
 from logrouter.wire import lumberjack as lj
 
 NOW_NS = T0 * 1_000_000_000
@@ -71,6 +74,18 @@ def test_events_of_several_tags_or_of_v1_frames_are_stored_as_records():
     conn2, router2 = beats_source()
     conn2.send(lj.encode_window_frames([{"k": "v"}], version=1, compress_level=None))
     assert router2.batches[0].packed is None
+
+
+def test_a_log_courier_payload_is_stored_as_its_documents_unless_a_record_was_not_an_object():
+    source, router, _ = source_fakes.make_source(LogCourierSource, "courier")
+    conn = source_fakes.Conn(source)
+    records = [{"@timestamp": "2024-01-02T03:04:05.5Z", "message": "a"}, {"message": "b", "n": [1, {"x": None}]}]
+    conn.send(lc.encode_jdat(b"n" * 16, records) + lc.encode_jdat(b"m" * 16, [*records, "not an object"]))
+    stored, with_invalid = router.batches
+    assert stored.packed[0] == JSON_DOCUMENTS and len(stored.packed[1]) == 2
+    assert stored_again(stored) == stored.events
+    assert with_invalid.packed is None  # its third record is {"message": "not an object"}
+    assert stored_again(with_invalid) == [list(e) for e in with_invalid.events]
 
 
 def test_a_stored_document_that_is_not_an_object_is_refused():

@@ -119,7 +119,9 @@ class LogCourierProtocol(AckingConnection, StreamProtocol):
                 nonce=payload.nonce.hex(),
                 reason=payload.invalid_reason,
             )
-        batches = source.batches(payload.events, int(source.reactor.seconds() * NANOS))
+        # With an invalid record kept as {"message": text}, fewer documents than events:
+        # the batches are then stored as records.
+        batches = source.batches(payload.events, int(source.reactor.seconds() * NANOS), payload.documents)
         step = self.acks.add(payload.nonce, len(payload.events), len(batches))
         for batch in batches:
             self.submit(batch, self.acks.on_durable(step), self._key(payload.nonce, batch, len(batches)))

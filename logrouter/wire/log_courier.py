@@ -171,12 +171,15 @@ class Payload:
 
     ``events`` has one dict per record; records that were not a JSON object are
     ``{"message": text}`` and counted in ``invalid`` (first reason in ``invalid_reason``).
+    ``documents`` are the JSON texts of the valid ones, in order (the spool stores those
+    rather than encoding the records again).
     Acknowledge with ``encode_ackn(nonce, n)`` once the first ``n`` events are stored.
     """
 
     kind: str  # "JDAT" or "EVNT"
     nonce: bytes
     events: list[dict[str, Any]] = field(default_factory=list)
+    documents: list[bytes] = field(default_factory=list, compare=False, repr=False)
     invalid: int = 0
     invalid_reason: str | None = None
 
@@ -215,6 +218,7 @@ def _decode_records(content: bytes, kind: str, nonce: bytes, max_event_bytes: in
     payload = Payload(kind, nonce)
     events = payload.events
     append = events.append
+    keep = payload.documents.append
     unpack = _U32.unpack_from
     loads = json_text.loads
     end = len(content)
@@ -238,6 +242,7 @@ def _decode_records(content: bytes, kind: str, nonce: bytes, max_event_bytes: in
             record = e
         if record.__class__ is dict:
             append(record)
+            keep(raw)
         else:
             _invalid(payload, record, raw)
     return payload
