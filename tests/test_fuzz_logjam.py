@@ -39,6 +39,7 @@ metas = st.builds(
     device=st.integers(0, 2**32 - 1),
     created_ms=st.integers(0, 2**64 - 1),
     sequence=st.integers(0, 2**64 - 1),
+    version=st.just(lj.META_VERSION),
     tag=st.sampled_from([lj.META_TAG, lj.META_TAG_SWAPPED]),
 )
 
