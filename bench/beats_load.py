@@ -506,6 +506,7 @@ def main() -> None:
         print(run.cpu_line(rows))
         print(f"  {run.fsyncs / elapsed:,.1f} fsyncs/s, peak RSS {run.rss_mb:,.0f} MiB, "
               f"graceful stop {run.stop_secs:.1f}s (exit {run.exit_code})")
+        print(run.sink_line())
         million = acked / 1e6 if acked else float("nan")
         checked = "every C frame inflated" if args.verify_frames else "first window per connection inflated"
         print(f"  senders' CPU {load.sender_cpu:,.1f} s ({load.sender_cpu / million:,.2f} s per million), "

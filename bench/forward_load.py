@@ -225,13 +225,23 @@ def peak_rss_mb(pid: int) -> float:
 
 
 def fsyncs(metrics_port: int) -> float:
+    return metric_sums(metrics_port, ("logrouter_spool_fsyncs_total",)).get("logrouter_spool_fsyncs_total", float("nan"))
+
+
+SINK_METRICS = ("logrouter_sink_holds_total", "logrouter_sink_held_seconds_total", "logrouter_sink_overflows_total")
+
+
+def metric_sums(metrics_port: int, names: tuple[str, ...]) -> dict[str, float]:
+    """The samples of ``names`` on the daemon's /metrics, each summed over its labels."""
     import urllib.request
 
+    sums: dict[str, float] = {}
     with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=10) as r:
         for line in r.read().decode().splitlines():
-            if line.startswith("logrouter_spool_fsyncs_total "):
-                return float(line.split()[1])
-    return float("nan")
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name in names:
+                sums[name] = sums.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+    return sums
 
 
 def tree_pids(pid: int) -> list[int]:
@@ -279,10 +289,19 @@ class Run:
     and the daemon's CPU seconds from the start of the load to the end of its stop."""
 
     def __init__(self, elapsed: float, fsyncs: float, rss_mb: float, exit_code: int, stop_secs: float, rows: int,
-                 cpu_secs: float = float("nan")):
+                 cpu_secs: float = float("nan"), sink: dict[str, float] | None = None):
         self.elapsed, self.fsyncs, self.rss_mb = elapsed, fsyncs, rss_mb
         self.exit_code, self.stop_secs, self.rows = exit_code, stop_secs, rows
         self.cpu_secs = cpu_secs
+        self.sink = sink or {}
+
+    def sink_line(self) -> str:
+        """How often the lake sink held the sources, and how often its queue's bound sent
+        it to the spool instead (where it decodes those records again) during the load."""
+        get = self.sink.get
+        return (f"  sink: held the sources {get('logrouter_sink_holds_total', 0):,.0f} times for "
+                f"{get('logrouter_sink_held_seconds_total', 0):,.1f} s, read from the spool after an overflow "
+                f"{get('logrouter_sink_overflows_total', 0):,.0f} times")
 
     def end_to_end_line(self, rows: int) -> str:
         """Rows in the lake over the load plus the graceful stop, during which a sink
@@ -310,6 +329,7 @@ def measure(workdir: Path, proc: subprocess.Popen, metrics_port: int, drive_load
         cpu_at_start = tree_cpu_secs(proc.pid)  # the start-up (imports, recovery) is not the load's
         elapsed = drive_load()
         fsync_count = fsyncs(metrics_port) - fsyncs_before
+        sink = metric_sums(metrics_port, SINK_METRICS)
         rss = tree_peak_rss_mb(proc.pid)
         stop_start = time.monotonic()
         children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -327,7 +347,7 @@ def measure(workdir: Path, proc: subprocess.Popen, metrics_port: int, drive_load
     import pyarrow.dataset as ds
 
     rows = ds.dataset(str(workdir / "lake"), partitioning="hive").count_rows()
-    return Run(elapsed, fsync_count, rss, code, stop_secs, rows, cpu_secs)
+    return Run(elapsed, fsync_count, rss, code, stop_secs, rows, cpu_secs, sink)
 
 
 def main() -> None:
@@ -373,6 +393,7 @@ def main() -> None:
               f"events/chunk={args.events_per_chunk}{variant}")
         print(f"  {stats.acked_events / elapsed:,.0f} events/s acked ({stats.acked_events:,} events in {elapsed:.1f}s)")
         print(f"  {fsync_count / elapsed:,.1f} fsyncs/s, peak RSS {rss:,.0f} MiB, graceful stop {stop_secs:.1f}s (exit {code})")
+        print(run.sink_line())
         print(run.end_to_end_line(rows))
         print(run.cpu_line(rows))
         print(f"  lake rows {rows:,} ({'matches' if rows == stats.acked_events else 'MISMATCH with'} acked events)")

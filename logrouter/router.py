@@ -146,6 +146,7 @@ class SinkFeed:
         self.holds = 0
         self.held_secs = 0.0
         self.held_inflow = 0  # spool bytes routed to it from sources not reading, this hold
+        self.overflows = 0  # times its queue's bound sent it to read from the spool
 
 
 class Router:
@@ -387,6 +388,7 @@ class Router:
         elif feed.sink.queued_bytes <= feed.sink.options["max_queue_bytes"] * HOLD_SLACK + feed.held_inflow:
             return  # in flight when the sources stopped, or a little from those that cannot stop reading
         feed.live = False  # over its memory bound: it reads the rest from the spool
+        feed.overflows += 1
         self._release_hold(feed)
 
     def _hold_expired(self, feed: SinkFeed) -> None:
@@ -400,6 +402,7 @@ class Router:
             secs=self.reactor.seconds() - feed.held_since,
         )
         feed.live = False
+        feed.overflows += 1
         self._release_hold(feed)
         self._catch_up(feed)
 
@@ -635,6 +638,7 @@ class Router:
             yield "logrouter_sink_holding_sources", "gauge", labels, int(feed.held_since is not None)
             yield "logrouter_sink_holds_total", "counter", labels, feed.holds
             yield "logrouter_sink_held_seconds_total", "counter", labels, round(held, 3)
+            yield "logrouter_sink_overflows_total", "counter", labels, feed.overflows
 
     # -- lifecycle ----------------------------------------------------------------------
 

@@ -143,6 +143,7 @@ def test_a_sink_that_does_not_drain_in_time_reads_from_the_spool_and_the_sources
     assert not router.feeds["lake"].live
     assert any("stayed over max_queue_bytes for 5.0s" in line for line in log_lines)
     assert samples(router)["logrouter_sink_held_seconds_total"] == 5
+    assert samples(router)["logrouter_sink_overflows_total"] == 1
 
 
 def test_what_sources_that_cannot_stop_send_while_held_is_taken_up_to_the_slack_then_the_sink_reads_from_the_spool(held):
@@ -166,8 +167,10 @@ def test_what_held_sources_had_read_before_they_stopped_is_taken_besides_the_sla
     assert router.feeds["lake"].live and not tcp.reading
     hand(router, int(BOUND * HOLD_SLACK) - BOUND - 1, source="sub")
     assert router.feeds["lake"].live
+    assert samples(router)["logrouter_sink_overflows_total"] == 0
     hand(router, 1, source="sub")  # past the slack by what the subscriber sent
     assert not router.feeds["lake"].live and tcp.reading
+    assert samples(router)["logrouter_sink_overflows_total"] == 1
 
 
 def test_what_held_sources_hand_over_counts_for_one_hold_only(held):
