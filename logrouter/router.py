@@ -259,6 +259,9 @@ class Router:
                 return again
         try:
             payload = encode_batch(batch, dedupe_key)
+            if len(payload) > MAX_PAYLOAD and batch.packed is not None:
+                batch.packed = None  # what arrived is bigger than the records encoded: try those
+                payload = encode_batch(batch, dedupe_key)
         except Exception as e:  # noqa: BLE001 - e.g. a record nested deeper than msgpack packs
             self.unstorable_batches += 1
             return defer.fail(UnstorableBatch(f"batch cannot be stored: {type(e).__name__}: {e}"))
@@ -338,6 +341,11 @@ class Router:
             return  # the sinks are stopping or stopped: it is in the spool for the next start
         targets = frozenset(name for name, feed in self.feeds.items() if feed.live and not feed.sink.failing)
         if targets:
+            # A held source still hands over what it had read before it stopped: what a
+            # held sink takes of that is allowed besides its slack (_sink_full).
+            held: list[tuple[SinkFeed, int]] = []
+            if self.sources.get(batch.source) in self._not_reading:
+                held = [(f, f.sink.queued_bytes) for f in map(self.feeds.__getitem__, targets) if f.held_since is not None]
             try:
                 for node in self.routes.get(batch.source, ()):
                     node.push(batch, position, size, targets)
@@ -345,13 +353,10 @@ class Router:
                 # Filter and sink nodes catch their own errors, so this is a bug: log it
                 # loudly, and still ack, since the batch is durable in the spool.
                 self.log.failure("routing the batch at spool position {position} failed", position=position)
-            # A held source still hands over what it had read before it stopped.
-            from_held = self.sources.get(batch.source) in self._not_reading
+            for feed, before in held:
+                feed.held_inflow += max(feed.sink.queued_bytes - before, 0)
             for name in targets:
-                feed = self.feeds[name]
-                if from_held and feed.held_since is not None:
-                    feed.held_inflow += size
-                self._handed(feed, end)
+                self._handed(self.feeds[name], end)
         self._release_recent()
 
     def _release_recent(self) -> None:

@@ -55,3 +55,13 @@ def test_a_field_outside_the_schema_is_learned_from_its_first_scalar_value_only(
     table._collect_unknown(records, {"host", "n"}, {})
     assert "host" not in table.types  # objects only: nothing to learn
     assert table.types.get("n") == pa.string()  # a list first, then its first scalar
+
+
+def test_keys_equal_but_not_the_same_keep_each_records_own():
+    # Forward records may have non-str keys: 1, 1.0 and True are equal as dict keys, so
+    # their shapes share one entry; each record still keeps its own key object.
+    table = builder({"a": 1})
+    records = [{"a": 1, 1: "int"}, {"a": 2, True: "bool"}, {"a": 3, 1.0: "float"}]
+    extras: dict = {}
+    table._collect_unknown(records, {1}, extras)
+    assert [type(k) for f in extras.values() for k in f] == [int, bool, float]

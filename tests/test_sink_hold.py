@@ -173,6 +173,20 @@ def test_what_held_sources_had_read_before_they_stopped_is_taken_besides_the_sla
     assert samples(router)["logrouter_sink_overflows_total"] == 1
 
 
+def test_what_a_source_held_for_another_sink_hands_over_does_not_widen_this_ones_slack(held):
+    router, _, sink, tcp, _ = held
+    other = router.feeds["other"]
+    other.started = other.live = True
+    other.sink.options["max_queue_bytes"] = BOUND
+    hand(router, BOUND + 1)  # lake holds tcp
+    hand(router, BOUND + 1, source="elsewhere")  # other holds elsewhere
+    for _ in range(5):
+        hand(router, BOUND, source="elsewhere")  # in flight for other, never reaches lake
+    assert router.feeds["lake"].held_inflow == 0
+    hand(router, int(BOUND * HOLD_SLACK) - BOUND, source="sub")
+    assert not router.feeds["lake"].live  # past the slack: the other sink's traffic excused nothing
+
+
 def test_what_held_sources_hand_over_counts_for_one_hold_only(held):
     router, _, sink, tcp, _ = held
     hand(router, BOUND + 1)

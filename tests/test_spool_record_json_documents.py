@@ -5,6 +5,8 @@ routed."""
 from __future__ import annotations
 
 import json
+import struct
+import zlib
 from typing import Any
 
 import msgpack
@@ -88,6 +90,60 @@ def test_a_log_courier_payload_is_stored_as_its_documents_unless_a_record_was_no
     assert stored_again(with_invalid) == [list(e) for e in with_invalid.events]
 
 
+def test_a_window_with_a_d_frame_among_its_j_frames_is_stored_as_records_even_after_a_bad_c_frame():
+    # J 1, D 2, then a C frame with a good J 3 and a cut frame: the C frame's events are
+    # taken back, and what is left pairs two records with one document.
+    conn, router = beats_source()
+    inner = lj.encode_json(3, {"from_the_bad_c": 1}) + b"2J\x00\x00\x00\x04\x00\x00\x00\x10{"
+    compressed = zlib.compress(inner)
+    conn.send(lj.encode_window(4) + lj.encode_json(1, {"a": 1}) + lj.encode_data(2, {"line": "D"}, version=2)
+              + b"2C" + struct.pack(">I", len(compressed)) + compressed)
+    (batch,) = router.batches
+    assert batch.packed is None
+    assert [r for _, r in batch.events] == [{"a": 1}, {"line": "D"}]
+    assert stored_again(batch) == [list(e) for e in batch.events]
+
+
+def test_documents_nested_past_the_bound_are_stored_as_records():
+    deep: Any = 1
+    for _ in range(450):
+        deep = [deep]
+    conn, router = beats_source()
+    conn.send(lj.encode_window_frames([{"deep": deep}, {"flat": 1}]))
+    (batch,) = router.batches
+    assert batch.packed is None
+    assert stored_again(batch)[1] == [NOW_NS, {"flat": 1}]
+
+
+def test_a_batch_whose_documents_are_bigger_than_a_spool_record_is_stored_as_records(tmp_path, monkeypatch):
+    from logrouter import router as router_module
+    from logrouter.config.load import load_string
+    from logrouter.router import Router
+    from twisted.internet import task
+
+    config = load_string(f'[spool]\npath = "{tmp_path}/spool"\n[sources.b]\ntype = "lumberjack"\nlisten = "tcp:0:interface=127.0.0.1"\n'
+                         '[sinks.out]\ntype = "blackhole"\ninputs = ["b"]\n')
+    router = Router(config, task.Clock())
+    router.spool.open()
+    records = [{"message": "x" * 40, "n": i} for i in range(100)]
+    documents = [json.dumps(r, indent=8).encode() for r in records]  # the texts much bigger than msgpack
+    (batch,) = batch_builder(TagTemplate("t"))(records, NOW_NS, documents)
+    limit = len(encode_batch(Batch(batch.tag, batch.events, "b"))) + 100
+    monkeypatch.setattr(router_module, "MAX_PAYLOAD", limit)
+    assert len(encode_batch(batch)) > limit
+    batch.source = "b"
+    d = router.ingest(batch)
+    assert batch.packed is None  # let go of after storing, either way
+    failures: list = []
+    d.addErrback(failures.append)
+    assert router.unstorable_batches == 0 and not failures
+
+
+def test_a_batch_packed_in_a_format_replay_could_not_read_is_not_stored():
+    with pytest.raises(ValueError, match="unknown packed events format 'nope'"):
+        encode_batch(Batch("t", [(1, {})], "s", packed=("nope", b"", 0)))
+
+
 def test_a_stored_document_that_is_not_an_object_is_refused():
     payload = msgpack.packb([3, "s", "t", [JSON_DOCUMENTS, [b"[1]"], 0, False], None], use_bin_type=True)
     with pytest.raises(ValueError, match="not an object"):
@@ -128,3 +184,60 @@ def test_stored_documents_give_the_events_the_live_path_made(rows, drop_metadata
     for batch in live:
         assert batch.packed is not None
         assert stored_again(batch) == batch.events
+
+
+def test_a_json_documents_record_written_today_still_gives_the_same_events():
+    # The bytes of a record as this version writes it (three documents with @metadata,
+    # dropped; the clock reading T0; tag beats.filebeat; no key): they must replay to
+    # the same events whatever changes later.
+    batch, key = decode_batch(bytes.fromhex(GOLDEN))
+    assert (batch.tag, batch.source, key) == ("beats.filebeat", "beats", None)
+    assert batch.events == [
+        (1795500000123000000, {"@timestamp": "2026-11-24T06:00:00.123Z", "message": "a", "n": 2**70}),
+        (NOW_NS, {"message": "no stamp", "f": 1.5, "deep": [{"x": None}]}),
+        (1795500000000000000, {"@timestamp": "2026-11-24T08:00:00+02:00", "m": "caf\u00e9"}),
+    ]
+
+
+GOLDEN = (
+    "9503a56265617473ae62656174732e66696c656265617494ae6a736f6e2d646f63756d656e747393c4727b224074696d"
+    "657374616d70223a22323032362d31312d32345430363a30303a30302e3132335a222c22406d65746164617461223a7b"
+    "2262656174223a2266696c6562656174227d2c226d657373616765223a2261222c226e223a3131383035393136323037"
+    "31373431313330333432347dc4527b22406d65746164617461223a7b2262656174223a2266696c6562656174227d2c22"
+    "6d657373616765223a226e6f207374616d70222c2266223a312e352c2264656570223a5b7b2278223a6e756c6c7d5d7d"
+    "c45a7b224074696d657374616d70223a22323032362d31312d32345430383a30303a30302b30323a3030222c22406d65"
+    "746164617461223a7b2262656174223a2266696c6562656174227d2c226d223a226361665c7530306539227dcf17979c"
+    "fe362a0000c3c0"
+)
+
+
+VALUE_TEXTS = st.sampled_from([
+    "1", "-0", "1.5", "2e400", "NaN", "-Infinity", "123456789012345678901234567890", "null", "true",
+    '"caf\\u00e9"', '"\\ud800"', '"a\\"b"', '[1,{"a":null}]', '{"beat":"b"}', '"2026-11-24T06:00:00.5Z"',
+    '"2026-11-24T06:00:00Z"', '"2026-11-24T08:00:00.123456789+02:00"',
+])
+
+
+@fuzz_settings(max_examples=60)
+@given(
+    st.lists(
+        st.lists(st.tuples(st.sampled_from(["@timestamp", "@metadata", "type", "m", "m"]), VALUE_TEXTS), max_size=5),
+        min_size=1,
+        max_size=70,
+    ),
+    st.booleans(),
+)
+def test_documents_as_sent_replay_to_what_the_live_path_decoded(objects, drop_metadata):
+    # Texts as a sender may write them (duplicate keys, escapes, big and odd numbers, lone
+    # surrogates), decoded as the source decodes them.
+    from logrouter.wire import json_text
+
+    documents, records = [], []
+    for pairs in objects:
+        text = ("{" + ",".join(f'"{key}":{value}' for key, value in pairs) + "}").encode()
+        record = json_text.loads(text)
+        documents.append(text)
+        records.append(record)
+    for batch in batch_builder(TagTemplate("beats"), drop_metadata)(records, NOW_NS, documents):
+        assert batch.packed is not None
+        assert repr(stored_again(batch)) == repr(batch.events)  # repr: NaN is not equal to itself

@@ -180,14 +180,16 @@ class TableBuilder:
         names = self._names
         # Records of one source mostly share their fields and their order: which of a
         # record's fields lie outside the schema is worked out once per such shape.
-        outside: dict[tuple[Any, ...], tuple[Any, ...]] = {}
+        # By position: shapes whose keys are equal but not the same (1, 1.0, True) share
+        # an entry, and each record's fields keep its own key objects.
+        outside: dict[tuple[Any, ...], tuple[int, ...]] = {}
         for index, record in enumerate(records):
             shape = tuple(record)
-            keys = outside.get(shape)
-            if keys is None:
-                keys = outside[shape] = tuple(key for key in shape if key not in names)
-            if keys:
-                fields = {key: value for key in keys if (value := record[key]) is not None}
+            at = outside.get(shape)
+            if at is None:
+                at = outside[shape] = tuple(i for i, key in enumerate(shape) if key not in names)
+            if at:
+                fields = {key: value for i in at if (value := record[key := shape[i]]) is not None}
                 if fields:
                     extras[index] = fields
         # In order of first appearance (not set order, which varies between runs): the

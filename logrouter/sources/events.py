@@ -316,8 +316,18 @@ def timed_events(records: list[dict[str, Any]], now: int) -> list[tuple[int, dic
 
 # The name of the spool's packed form of a batch built here from JSON documents (see
 # ``logrouter.spool.record``). ``events_of_documents`` must keep giving the same events
-# for the same stored documents: a change to that needs a new name.
+# for the same stored documents (so must ``timed_events``, ``_stamp_times``, ``_time_of``
+# and ``json_text.loads``, which it calls): a change to that needs a new name.
 JSON_DOCUMENTS = "json-documents"
+# Documents possibly nested deeper than this are stored as records: decoding them again
+# must not depend on how deep the stack of the thread replaying them is (JSON decoders
+# count nesting against Python's recursion limit), and msgpack refuses records nested
+# past 511, as it always did. A document's '{' and '[' bound its nesting.
+_PACKED_NESTING = 400
+
+
+def _shallow(documents: list[bytes]) -> bool:
+    return all(d.count(b"{") + d.count(b"[") <= _PACKED_NESTING for d in documents)
 
 
 def events_of_documents(documents: list[bytes], now: int, drop_metadata: bool) -> list[tuple[int, dict[str, Any]]]:
@@ -365,7 +375,7 @@ def batch_builder(
                 else:
                     group.append(r)
         packed = None
-        if documents is not None and len(by_tag) == 1 and len(documents) == len(records):
+        if documents is not None and len(by_tag) == 1 and len(documents) == len(records) and _shallow(documents):
             packed = (JSON_DOCUMENTS, documents, now, drop_metadata)
         if drop_metadata:  # after the tags: a template may read @metadata
             for r in records:

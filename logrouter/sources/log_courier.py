@@ -119,9 +119,10 @@ class LogCourierProtocol(AckingConnection, StreamProtocol):
                 nonce=payload.nonce.hex(),
                 reason=payload.invalid_reason,
             )
-        # With an invalid record kept as {"message": text}, fewer documents than events:
-        # the batches are then stored as records.
-        batches = source.batches(payload.events, int(source.reactor.seconds() * NANOS), payload.documents)
+        # An invalid record is kept as {"message": text}, which no document gives: then the
+        # batches are stored as records.
+        documents = None if payload.invalid else payload.documents
+        batches = source.batches(payload.events, int(source.reactor.seconds() * NANOS), documents)
         step = self.acks.add(payload.nonce, len(payload.events), len(batches))
         for batch in batches:
             self.submit(batch, self.acks.on_durable(step), self._key(payload.nonce, batch, len(batches)))

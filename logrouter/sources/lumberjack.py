@@ -82,7 +82,8 @@ class LumberjackProtocol(AckingConnection, StreamProtocol):
                 window=message.window,
                 reason=message.invalid_reason,
             )
-        batches = source.batches(message.records, int(source.reactor.seconds() * NANOS), message.documents)
+        documents = message.documents if message.documents_match else None
+        batches = source.batches(message.records, int(source.reactor.seconds() * NANOS), documents)
         step = self.acks.add(message.window, message.ack_seq, len(batches))
         for batch in batches:
             self.submit(batch, self.acks.on_durable(step))

@@ -39,6 +39,7 @@ VERSION = 2  # batches of decoded events
 PACKED_VERSION = 3  # batches that carry what arrived
 READABLE_VERSIONS = (1, 2, 3)
 FORWARD_ENTRIES = "forward"
+PACKED_FORMATS = (FORWARD_ENTRIES, JSON_DOCUMENTS)
 _PACK = {"use_bin_type": True, "unicode_errors": "surrogateescape"}
 _UNPACK = {"raw": False, "unicode_errors": "surrogateescape", "strict_map_key": False, "use_list": True}
 
@@ -52,6 +53,8 @@ _JSON_VALUES_REFUSED = (TypeError, ValueError, OverflowError)  # lone surrogates
 def encode_batch(batch: Batch, key: tuple | None = None) -> bytes:
     packed = batch.packed
     if packed is not None:
+        if packed[0] not in PACKED_FORMATS:  # a record replay could not read: refuse it now
+            raise ValueError(f"unknown packed events format {packed[0]!r}")
         return msgpack.packb((PACKED_VERSION, batch.source, batch.tag, packed, key), **_PACK)
     body = (VERSION, batch.source, batch.tag, batch.events, key)
     if batch.json_values:

@@ -130,8 +130,9 @@ class Events:
     """Consecutive data frames of one window, decoded by one ``feed`` call.
 
     ``records`` are the valid events in order (v2: the JSON objects; v1: dicts of str);
-    ``documents`` the JSON texts of the v2 ones, in the same order (the spool stores
-    those rather than encoding the records again).
+    ``documents`` the JSON texts of the ``J`` ones, in the same order (the spool stores
+    those rather than encoding the records again), and ``documents_match`` says whether
+    they are every record's (no ``D`` frame's record among them).
     ``ack_seq`` is the highest ``seq`` seen in this window up to and including these
     frames: acknowledge with it once these and all earlier events are stored. ``frames``
     counts the data frames (valid and invalid); ``invalid`` those whose payload was not a
@@ -144,6 +145,7 @@ class Events:
     window: int
     records: list[dict[str, Any]] = field(default_factory=list)
     documents: list[bytes] = field(default_factory=list, compare=False, repr=False)
+    documents_match: bool = field(default=True, compare=False, repr=False)
     ack_seq: int = 0
     frames: int = 0
     invalid: int = 0
@@ -373,7 +375,8 @@ class LumberjackDecoder:
         if group is None:
             return len(self._out), None, ()
         return len(self._out), group, (
-            len(group.records), group.frames, group.invalid, group.invalid_reason, group.ack_seq, group.complete
+            len(group.records), len(group.documents), group.documents_match,
+            group.frames, group.invalid, group.invalid_reason, group.ack_seq, group.complete,
         )
 
     def _rollback(self, mark: tuple[int, Events | None, tuple[Any, ...]]) -> None:
@@ -382,7 +385,9 @@ class LumberjackDecoder:
         del self._out[count:]
         if group is not None:
             del group.records[fields[0] :]
-            group.frames, group.invalid, group.invalid_reason, group.ack_seq, group.complete = fields[1:]
+            del group.documents[fields[1] :]
+            group.documents_match = fields[2]
+            group.frames, group.invalid, group.invalid_reason, group.ack_seq, group.complete = fields[3:]
         self._c_mark = None
 
     def _open_group(self) -> Events:
@@ -502,6 +507,7 @@ class LumberjackDecoder:
         else:
             group = self._open_group()
             group.records.append(record)
+            group.documents_match = False  # a record without a JSON text
             self._close_run(group, 1, max(seq, self._top_seq))
             return p
         if depth == 0:

@@ -54,19 +54,24 @@ def bind_to_cpu(cpu: int) -> None:
     (jemalloc's background thread, which starts more of its own later): every thread of
     the process is bound, not only this one."""
     try:
-        threads = [int(tid) for tid in os.listdir("/proc/self/task")]
-    except OSError:
-        threads = [0]
-    try:
         os.sched_setaffinity(0, {cpu})
     except (AttributeError, OSError) as e:  # not Linux, or the CPU went away
         print(f"[logrouter.worker#warn] cannot run on CPU {cpu} only ({e}); running unbound", flush=True)
         return
-    for tid in threads:
+    bound: set[int] = set()
+    for _ in range(10):  # again while threads not bound yet started new ones
         try:
-            os.sched_setaffinity(tid, {cpu})
+            threads = {int(tid) for tid in os.listdir("/proc/self/task")} - bound
         except OSError:
-            pass  # a thread that ended meanwhile
+            return
+        if not threads:
+            return
+        for tid in threads:
+            try:
+                os.sched_setaffinity(tid, {cpu})
+            except OSError:
+                pass  # a thread that ended meanwhile
+        bound |= threads
 
 
 class WorkerService(RouterService):
