@@ -18,6 +18,7 @@ from __future__ import annotations
 import calendar
 import datetime
 import re
+import threading
 from itertools import repeat
 from typing import Any, Callable
 
@@ -319,15 +320,25 @@ def timed_events(records: list[dict[str, Any]], now: int) -> list[tuple[int, dic
 # for the same stored documents (so must ``timed_events``, ``_stamp_times``, ``_time_of``
 # and ``json_text.loads``, which it calls): a change to that needs a new name.
 JSON_DOCUMENTS = "json-documents"
-# Documents possibly nested deeper than this are stored as records: decoding them again
-# must not depend on how deep the stack of the thread replaying them is (JSON decoders
-# count nesting against Python's recursion limit), and msgpack refuses records nested
-# past 511, as it always did. A document's '{' and '[' bound its nesting.
-_PACKED_NESTING = 400
+def _loads_shallow(document: bytes) -> Any:
+    """``json_text.loads`` in a thread of its own: JSON decoders count nesting against
+    Python's recursion limit, so whether a deep document decodes depends on how deep the
+    caller's stack already is. The source decoded it on the reactor; a replay may run
+    deeper, and must not lose it."""
+    result: list[Any] = []
 
+    def decode() -> None:
+        try:
+            result.append(json_text.loads(document))
+        except BaseException as e:  # noqa: BLE001 - handed back to the caller's thread
+            result.append(e)
 
-def _shallow(documents: list[bytes]) -> bool:
-    return all(d.count(b"{") + d.count(b"[") <= _PACKED_NESTING for d in documents)
+    thread = threading.Thread(target=decode, name="logrouter-deep-json")
+    thread.start()
+    thread.join()
+    if isinstance(result[0], BaseException):
+        raise result[0]
+    return result[0]
 
 
 def events_of_documents(documents: list[bytes], now: int, drop_metadata: bool) -> list[tuple[int, dict[str, Any]]]:
@@ -335,7 +346,10 @@ def events_of_documents(documents: list[bytes], now: int, drop_metadata: bool) -
     read ``now`` (the packed form ``(JSON_DOCUMENTS, documents, now, drop_metadata)``)."""
     records = []
     for document in documents:
-        record = json_text.loads(document)
+        try:
+            record = json_text.loads(document)
+        except RecursionError:
+            record = _loads_shallow(document)
         if record.__class__ is not dict:
             raise ValueError(f"a stored JSON document is a {type(record).__name__}, not an object")
         records.append(record)
@@ -375,7 +389,7 @@ def batch_builder(
                 else:
                     group.append(r)
         packed = None
-        if documents is not None and len(by_tag) == 1 and len(documents) == len(records) and _shallow(documents):
+        if documents is not None and len(by_tag) == 1 and len(documents) == len(records):
             packed = (JSON_DOCUMENTS, documents, now, drop_metadata)
         if drop_metadata:  # after the tags: a template may read @metadata
             for r in records:
