@@ -320,6 +320,8 @@ def timed_events(records: list[dict[str, Any]], now: int) -> list[tuple[int, dic
 # for the same stored documents (so must ``timed_events``, ``_stamp_times``, ``_time_of``
 # and ``json_text.loads``, which it calls): a change to that needs a new name.
 JSON_DOCUMENTS = "json-documents"
+
+
 def _loads_shallow(document: bytes) -> Any:
     """``json_text.loads`` in a thread of its own: JSON decoders count nesting against
     Python's recursion limit, so whether a deep document decodes depends on how deep the
