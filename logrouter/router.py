@@ -392,7 +392,11 @@ class Router:
                 return
         elif feed.sink.queued_bytes <= feed.sink.options["max_queue_bytes"] * HOLD_SLACK + feed.held_inflow:
             return  # in flight when the sources stopped, or a little from those that cannot stop reading
-        feed.live = False  # over its memory bound: it reads the rest from the spool
+        self._overflow(feed)
+
+    def _overflow(self, feed: SinkFeed) -> None:
+        """Over its memory bound, or held too long: it reads the rest from the spool."""
+        feed.live = False
         feed.overflows += 1
         self._release_hold(feed)
 
@@ -406,9 +410,7 @@ class Router:
             name=feed.name,
             secs=self.reactor.seconds() - feed.held_since,
         )
-        feed.live = False
-        feed.overflows += 1
-        self._release_hold(feed)
+        self._overflow(feed)
         self._catch_up(feed)
 
     def _release_hold(self, feed: SinkFeed) -> None:
