@@ -4,6 +4,8 @@ per-record rule's (fields not in the schema, None left out, each record's own or
 
 from __future__ import annotations
 
+import json
+
 from fuzz_helpers import fuzz_settings
 from hypothesis import given
 from hypothesis import strategies as st
@@ -65,3 +67,30 @@ def test_keys_equal_but_not_the_same_keep_each_records_own():
     extras: dict = {}
     table._collect_unknown(records, {1}, extras)
     assert [type(k) for f in extras.values() for k in f] == [int, bool, float]
+
+
+@fuzz_settings()
+@given(st.lists(st.dictionaries(st.sampled_from(NAMES), VALUES, max_size=5), min_size=1, max_size=30))
+def test_build_puts_every_field_outside_the_schema_in_extra(records):
+    # build skips the union of all keys when every record has exactly as many keys as
+    # there are columns and holds all of them; a record that lacks a column and has
+    # another field in its place has the same count and must still be caught.
+    table = builder({"a": 1, "b": "x"})
+    built = table.build([(0, r) for r in records])
+    got = [None if text is None else json.loads(text) for text in built.column("_extra").to_pylist()]
+    want = [None] * len(records)
+    for index, fields in per_record(records, table._names).items():
+        want[index] = fields
+    for index, record in enumerate(records):  # values that do not fit their column go there too
+        for name, kind in (("a", int), ("b", str)):
+            value = record.get(name)
+            if value is not None and type(value) is not kind:
+                want[index] = {**(want[index] or {}), name: value}
+    assert got == want
+
+
+def test_a_record_missing_a_column_with_another_field_in_its_place():
+    table = builder({"a": 1, "b": "x"})
+    built = table.build([(0, {"a": 1, "b": "y"}), (0, {"a": 2, "c": 3})])
+    assert built.column("_extra").to_pylist() == [None, '{"c":3}']
+    assert built.column("b").to_pylist() == ["y", None]

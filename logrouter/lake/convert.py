@@ -148,20 +148,32 @@ class TableBuilder:
         arrays = [time_column([event[0] for event in events])]
         extras: dict[int, dict[str, Any]] = {}
 
-        unknown = set().union(*records).difference(self._names)
-        if unknown:
-            self._collect_unknown(records, unknown, extras)
-
+        # Each column's values first: when every record holds every column and nothing
+        # else (same count of keys), no record has a field outside the schema, and the
+        # union of all their keys (a hash per field) is not needed.
+        exact = inferred is None and set(map(len, records)) == {len(self._columns)}
+        columns: list[tuple[str, pa.DataType, list[Any], pa.Array | None]] = []
         for name, column_type in self._columns:
             if inferred is not None and name in inferred:
                 values, array = inferred[name]
                 if array is not None:
                     array = _accept(array, column_type, values)
             else:
+                array = None
                 try:
                     values = list(map(itemgetter(name), records))  # every record has it: the usual case
                 except KeyError:
+                    exact = False
                     values = list(map(dict.get, records, repeat(name, count)))
+            columns.append((name, column_type, values, array))
+
+        if not exact:
+            unknown = set().union(*records).difference(self._names)
+            if unknown:
+                self._collect_unknown(records, unknown, extras)
+
+        for name, column_type, values, array in columns:
+            if array is None and (inferred is None or name not in inferred):
                 try:
                     array = _accept(pa.array(values), column_type, values)
                 except _CONVERSION_ERRORS:
