@@ -220,7 +220,9 @@ def _decode_records(content: bytes, kind: str, nonce: bytes, max_event_bytes: in
     append = events.append
     keep = payload.documents.append
     unpack = _U32.unpack_from
-    loads = json_text.loads
+    fast_loads = json_text.fast_loads  # json_text.loads without its call per event
+    fast_refused = json_text.FAST_REFUSED
+    standard_loads = json_text.standard_loads
     end = len(content)
     pos = 0
     while pos < end:
@@ -237,8 +239,13 @@ def _decode_records(content: bytes, kind: str, nonce: bytes, max_event_bytes: in
             raise DecodeError(f"{kind} payload holds more than max_payload_events {max_events} events")
         raw = content[start:pos]
         try:
-            record = loads(raw)
-        except _JSON_ERRORS as e:
+            record = fast_loads(raw)
+        except fast_refused:
+            try:
+                record = standard_loads(raw)
+            except _JSON_ERRORS as e:
+                record = e
+        except ValueError as e:  # msgspec's own verdict stands (UnicodeDecodeError), as in loads
             record = e
         if record.__class__ is dict:
             append(record)

@@ -414,7 +414,9 @@ class LumberjackDecoder:
         group = self._open_group()
         append = group.records.append
         keep = group.documents.append
-        loads = json_text.loads
+        fast_loads = json_text.fast_loads  # json_text.loads without its call per event
+        fast_refused = json_text.FAST_REFUSED
+        standard_loads = json_text.standard_loads
         unpack = _U32X2.unpack_from
         vbyte = self._vbyte
         limit = self._event_limit
@@ -428,8 +430,13 @@ class LumberjackDecoder:
                 break  # the caller waits for it, or refuses it once this run is accounted
             document = buf[pos + 10 : stop]
             try:
-                record = loads(document)
-            except _JSON_ERRORS as e:
+                record = fast_loads(document)
+            except fast_refused:
+                try:
+                    record = standard_loads(document)
+                except _JSON_ERRORS as e:
+                    record = e
+            except ValueError as e:  # msgspec's own verdict stands (UnicodeDecodeError), as in loads
                 record = e
             if record.__class__ is dict:
                 append(record)
