@@ -31,6 +31,7 @@ class RouterService(service.Service):
         self._spool_lock: int | None = None  # fd holding <spool>/lock while the process runs
         self.router: Router | None = None
         self.compaction: Any = None  # a CompactionService when [compaction] enabled = true
+        self.collector: Any = None  # gc_tuning.PeriodicCollector, in a daemon
         self._started: defer.Deferred | None = None
 
     def startService(self) -> None:
@@ -103,7 +104,7 @@ class RouterService(service.Service):
         if self.config_path is not None:  # a daemon's process, not a test's
             from logrouter import gc_tuning
 
-            gc_tuning.tune()
+            self.collector = gc_tuning.tune(self.reactor)
         self.log.info(self.RUNNING)
         self.compaction = start_compaction(self.config, self.reactor)
         if self.compaction is not None:
@@ -117,6 +118,9 @@ class RouterService(service.Service):
 
     def stopService(self) -> defer.Deferred:
         super().stopService()
+        if self.collector is not None:
+            self.collector.stop()
+            self.collector = None
         if self.router is None:
             return defer.succeed(None)
         # a running compaction job is killed (its swap is crash-safe) while the router drains
