@@ -79,6 +79,11 @@ Run by hand, e.g. ``.venv/bin/python bench/beats_load.py --seconds 20`` or
 ``--workers N`` sets ``[router] workers = N``; the relay opens each daemon connection from
 its own loopback address (127.0.0.2, .3, …) so that the supervisor, which spreads
 connections by peer address, can give them to different workers.
+
+``--receiver null`` starts no daemon: the relay answers each whole window with its final
+ACK as soon as it has it. That is what the senders alone can send on this machine, and
+what they cost per million events when nothing else competes for the cores; with the
+daemon on the same cores, the senders' share of them is the ceiling of any figure.
 """
 
 from __future__ import annotations
@@ -237,9 +242,12 @@ class WindowSplitter:
 
 
 class Relay:
-    """Forwards whole windows from the senders to the daemon and counts their final ACKs."""
+    """Forwards whole windows from the senders to the daemon and counts their final ACKs.
 
-    def __init__(self, daemon_port: int, verify_frames: bool = False) -> None:
+    Without a daemon (``daemon_port`` None, ``--receiver null``) it answers each whole
+    window itself at once: what the senders alone can send on this machine."""
+
+    def __init__(self, daemon_port: int | None, verify_frames: bool = False) -> None:
         self.daemon_port = daemon_port
         self.verify_frames = verify_frames
         self.cut = False  # stop forwarding: the load is over
@@ -268,6 +276,13 @@ class Relay:
         # (the senders cannot choose their source address).
         local = (f"127.0.0.{2 + self.accepted % 250}", 0)
         self.accepted += 1
+        if self.daemon_port is None:
+            conn = {"outstanding": collections.deque(), "writers": (client_writer,)}
+            self.connections.append(conn)
+            task = asyncio.ensure_future(self.upstream(client_reader, None, conn, client_writer))
+            conn["tasks"] = (task,)
+            task.add_done_callback(self.task_done)
+            return
         try:
             daemon_reader, daemon_writer = await asyncio.open_connection("127.0.0.1", self.daemon_port, local_addr=local)
         except OSError as e:
@@ -287,7 +302,8 @@ class Relay:
             self.errors.append(repr(task.exception()))
             self.drained.set()  # wake the waiter: it reports the error
 
-    async def upstream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: dict) -> None:
+    async def upstream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter | None, conn: dict,
+                       client: asyncio.StreamWriter | None = None) -> None:
         splitter = WindowSplitter(self.verify_frames)
         while not self.cut:
             data = await reader.read(1 << 16)
@@ -295,6 +311,11 @@ class Relay:
                 return  # a sender that ends, or one cut off: what it sent after the cut is dropped
             whole, sizes = splitter.feed(data)
             if whole:
+                if writer is None:  # no daemon: each window's final ACK at once
+                    client.write(b"".join(struct.pack(">BBI", 0x32, 0x41, size) for size in sizes))
+                    self.acked_events += sum(sizes)
+                    self.windows += len(sizes)
+                    continue
                 conn["outstanding"].extend(sizes)
                 self.forwarded_events += sum(sizes)
                 self.forwarded_bytes += len(whole)
@@ -453,6 +474,29 @@ def show_row(lake: Path) -> None:
         print("  first row: " + json.dumps(rows[0], default=str, ensure_ascii=False))
 
 
+def null_receiver(binary: Path, args: argparse.Namespace) -> None:
+    """The senders against no daemon: the relay acks every whole window as it arrives."""
+    with tempfile.TemporaryDirectory(prefix="logrouter-bench-") as tmp:
+        load = Load(binary, None, args, Path(tmp))  # type: ignore[arg-type]
+        try:
+            elapsed = asyncio.run(load.run())
+        except BaseException:
+            sys.stdout.write(load.logs())
+            raise
+        relay = load.relay
+        acked = relay.acked_events
+        million = acked / 1e6 if acked else float("nan")
+        print(f"receiver=null senders={args.senders} ({args.sender} -batch {args.batch} -pipeline {args.pipelining} "
+              f"-compress {args.compress}) event={args.event}")
+        print(f"  {acked / elapsed:,.0f} events/s acked by this script ({acked:,} events, {relay.windows:,} windows "
+              f"in {elapsed:.1f}s; {args.sender} counted {load.sender_acked:,})")
+        print(f"  senders' CPU {load.sender_cpu:,.1f} s ({load.sender_cpu / million:,.2f} s per million), "
+              f"relay CPU {load.relay_cpu:,.1f} s ({load.relay_cpu / million:,.2f} s per million)")
+        if load.sender_acked != acked:
+            print(f"  {args.sender}'s ACKed counters ({load.sender_acked:,}) differ from the relay's count")
+            sys.exit(1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=20, help="how long the senders send")
@@ -470,6 +514,9 @@ def main() -> None:
                              "events with nested objects, ~1 KB; lumber-send only)")
     parser.add_argument("--tag", help="the source's tag option (default: beats.${type} for flat events, "
                                       "beats.${@metadata.beat} for filebeat ones)")
+    parser.add_argument("--receiver", default="logrouter", choices=["logrouter", "null"],
+                        help="null: no daemon, this script acks each whole window at once (the senders' own ceiling "
+                             "on this machine, and their CPU per million events)")
     parser.add_argument("--show-row", action="store_true", help="print the lake's columns and its first row at the end")
     parser.add_argument("--verify-frames", action="store_true",
                         help="inflate every C frame and count its J frames (default: only each connection's first)")
@@ -483,6 +530,9 @@ def main() -> None:
     binary, why = SENDERS[args.sender].ensure_built_with_reason()
     if binary is None:
         raise SystemExit(why)
+    if args.receiver == "null":
+        null_receiver(binary, args)
+        return
     with tempfile.TemporaryDirectory(prefix="logrouter-bench-") as tmp:
         workdir = Path(tmp)
         proc, port, metrics_port, lines = launch(workdir, config_text(args), "beats")
