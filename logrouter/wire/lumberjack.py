@@ -100,6 +100,7 @@ _U32 = struct.Struct(">I")
 _U32X2 = struct.Struct(">II")
 _HEADER_U32 = struct.Struct(">BBI")
 _HEADER_U32X2 = struct.Struct(">BBII")
+_TAG_U32X2 = struct.Struct(">HII")  # version and frame type as one number, seq, length
 
 _UNBOUNDED = sys.maxsize
 
@@ -417,14 +418,16 @@ class LumberjackDecoder:
         fast_loads = json_text.fast_loads  # json_text.loads without its call per event
         fast_refused = json_text.FAST_REFUSED
         standard_loads = json_text.standard_loads
-        unpack = _U32X2.unpack_from
-        vbyte = self._vbyte
+        unpack = _TAG_U32X2.unpack_from
+        json_tag = self._vbyte << 8 | JSON
         limit = self._event_limit
         top = self._top_seq
         frames = 0
         most = self._frames_left
-        while frames < most and end - pos >= 10 and buf[pos + 1] == JSON and buf[pos] == vbyte:
-            seq, size = unpack(buf, pos + 2)
+        while frames < most and end - pos >= 10:
+            tag, seq, size = unpack(buf, pos)
+            if tag != json_tag:
+                break
             stop = pos + 10 + size
             if stop > end or size > limit:
                 break  # the caller waits for it, or refuses it once this run is accounted
