@@ -15,7 +15,8 @@ instead of on allocations: every ``COLLECT_SECS`` the young and middle generatio
 ``FULL_EVERY``-th time all of them. A collection then walks only what is in flight at
 that moment, not everything that passed through. The allocation threshold stays, high,
 as a backstop against a burst of cyclic garbage. What start-up built (modules, config,
-Twisted) is frozen out of every collection.
+Twisted) is frozen out of every collection. (Written for the three generations of
+CPython 3.11–3.13; 3.14's incremental collector reads the thresholds differently.)
 """
 
 from __future__ import annotations

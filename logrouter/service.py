@@ -101,7 +101,7 @@ class RouterService(service.Service):
         return d.addCallbacks(applied, failed)
 
     def _running(self, _: Any) -> None:
-        if self.config_path is not None:  # a daemon's process, not a test's
+        if self.config_path is not None and self.running:  # a daemon's process, not a test's; not stopping
             from logrouter import gc_tuning
 
             self.collector = gc_tuning.tune(self.reactor)
@@ -118,10 +118,8 @@ class RouterService(service.Service):
 
     def stopService(self) -> defer.Deferred:
         super().stopService()
-        if self.collector is not None:
-            self.collector.stop()
-            self.collector = None
         if self.router is None:
+            self._stop_collector()
             return defer.succeed(None)
         # a running compaction job is killed (its swap is crash-safe) while the router drains
         compaction = self.compaction.stopService() if self.compaction is not None else None
@@ -133,7 +131,15 @@ class RouterService(service.Service):
             stopping.addErrback(self._stop_timed_out, limit)
         if compaction is not None:
             stopping.addBoth(lambda result: compaction.addBoth(lambda _: result))
+        # The drain may take a while (shutdown_timeout_secs): collect until it is done.
+        stopping.addBoth(self._stop_collector)
         return stopping
+
+    def _stop_collector(self, result: Any = None) -> Any:
+        if self.collector is not None:
+            self.collector.stop()
+            self.collector = None
+        return result
 
 
     def _stop_timed_out(self, failure: Any, limit: float) -> None:

@@ -38,3 +38,68 @@ def test_the_young_generations_every_period_and_everything_every_so_often() -> N
     assert len(generations) == 2 * gc_tuning.FULL_EVERY
     assert full == [gc_tuning.FULL_EVERY, 2 * gc_tuning.FULL_EVERY]
     assert set(generations) == {1, 2}
+
+
+class _Router:
+    """Just what RouterService calls on a router, with start and stop fired by hand."""
+
+    def __init__(self) -> None:
+        from twisted.internet import defer
+
+        self.starting = defer.Deferred()
+        self.stopping = defer.Deferred()
+        self.reload_hook = None
+
+    def start(self):
+        return self.starting
+
+    def stop(self):
+        return self.stopping
+
+
+def _service(tmp_path):
+    from logrouter.config.load import load_string
+    from logrouter.service import RouterService
+
+    clock = Clock()
+    clock.stop = lambda: None  # type: ignore[attr-defined]
+    service = RouterService(load_string(f'[spool]\npath = "{tmp_path}"\n'), reactor=clock,
+                            config_path=str(tmp_path / "logrouter.toml"))
+    router = _Router()
+    service.build_router = lambda: router  # type: ignore[method-assign]
+    service._install_sighup = lambda: None  # type: ignore[method-assign]
+    return service, router, clock
+
+
+def test_the_daemon_collects_until_its_drain_is_done(tmp_path) -> None:
+    before = gc.get_threshold()
+    service, router, clock = _service(tmp_path)
+    try:
+        service.startService()
+        router.starting.callback(None)
+        assert service.collector is not None
+        service.stopService()
+        assert service.collector is not None  # the sinks are still draining
+        router.stopping.callback(None)
+        assert service.collector is None and not clock.getDelayedCalls()
+    finally:
+        if service.collector is not None:
+            service.collector.stop()
+        gc.unfreeze()
+        gc.set_threshold(*before)
+
+
+def test_a_stop_during_the_start_starts_no_collector(tmp_path) -> None:
+    before = gc.get_threshold()
+    service, router, clock = _service(tmp_path)
+    try:
+        service.startService()
+        service.stopService()  # SIGTERM while the spool replays
+        router.starting.callback(None)
+        router.stopping.callback(None)
+        assert service.collector is None and not clock.getDelayedCalls()
+    finally:
+        if service.collector is not None:
+            service.collector.stop()
+        gc.unfreeze()
+        gc.set_threshold(*before)

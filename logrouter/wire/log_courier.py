@@ -252,6 +252,7 @@ def _decode_records(content: bytes, kind: str, nonce: bytes, max_event_bytes: in
             keep(raw)
         else:
             _invalid(payload, record, raw)
+            record = None  # an exception's traceback would tie this frame (and the payload) to it
     return payload
 
 

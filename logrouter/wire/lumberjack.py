@@ -446,6 +446,10 @@ class LumberjackDecoder:
                 keep(document)
             else:
                 self._invalid(group, record, seq)
+                # An exception kept in a local refers, through its traceback, to this
+                # frame, which holds the inflated payload: a cycle only the collector
+                # would free, and it runs every few seconds now (gc_tuning).
+                record = None
             frames += 1
             if seq > top:
                 top = seq
