@@ -14,8 +14,11 @@ import struct
 
 import pytest
 
+from logrouter.sources.logjam import LogjamSource
 from logrouter.wire import log_courier as lc
 from logrouter.wire import lumberjack as lj
+from logrouter.wire.errors import detached
+from logrouter.wire.inflate import InflateError, StreamInflater
 
 
 @pytest.fixture
@@ -52,3 +55,36 @@ def test_log_courier(collector_off, last: bytes) -> None:
         assert payload.invalid == 1
 
     assert unreachable_after(decode) == 0
+
+
+def test_a_failed_inflater_keeps_no_traceback(collector_off) -> None:
+    def decode() -> None:
+        inflater = StreamInflater(1 << 20)
+        for data in (b"\x78\x9c" + b"\xff" * 1000, b"more"):
+            with pytest.raises(InflateError):
+                inflater.feed(data)
+        assert inflater._failed is not None and inflater._failed.__traceback__ is None
+
+    assert unreachable_after(decode) == 0
+
+
+def test_a_logjam_message_that_does_not_decode_keeps_no_traceback(collector_off) -> None:
+    def decode() -> None:
+        error = LogjamSource._decode_or_error([b"app-env", b"topic", b"{not json", b"\x00" * 24], (1 << 20, 1 << 20))
+        assert isinstance(error, Exception) and error.__traceback__ is None and error.__context__ is None
+        chunk = [error]  # as the receiver keeps it until the reactor takes the chunk
+        del chunk
+
+    assert unreachable_after(decode) == 0
+
+
+def test_detached_drops_the_traceback_and_the_chain() -> None:
+    try:
+        try:
+            raise KeyError("inner")
+        except KeyError as inner:
+            raise ValueError("outer") from inner
+    except ValueError as e:
+        error = detached(e)
+    assert (error.__traceback__, error.__context__, error.__cause__) == (None, None, None)
+    assert str(error) == "outer"

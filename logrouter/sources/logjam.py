@@ -65,6 +65,7 @@ from logrouter.sources.sequence import DEFAULT_SILENCE_SECS, SequenceTracker, Ve
 from logrouter.sources.stream import STREAM_OPTIONS
 from logrouter.sources.zmq_receiver import PULL, ROUTER, SUB, Received, SocketSpec, ZmqReceiver
 from logrouter.wire import logjam as wire
+from logrouter.wire.errors import detached
 
 _MAX_NS = (1 << 63) - 1
 #: how often silence is checked: the importer's heartbeat tick (5 one-second ticks)
@@ -315,7 +316,7 @@ class LogjamSource(SourceBase):
                 now_ms = int(self.reactor.seconds() * 1000)
                 return Request(_legacy_message(frames, self.max_body_bytes, now_ms), None)
             except wire.LogjamDecodeError as e:
-                return Request(e, None)
+                return Request(detached(e), None)
         return Request(self._decode_or_error(frames, limits), None)
 
     @staticmethod
@@ -323,7 +324,7 @@ class LogjamSource(SourceBase):
         try:
             return wire.decode_message(frames, *limits)
         except wire.LogjamDecodeError as e:
-            return e
+            return detached(e)  # kept in the chunk: no traceback tying the receiver's frames to it
 
     # -- on the reactor -------------------------------------------------------------------
 

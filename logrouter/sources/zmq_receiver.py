@@ -39,6 +39,8 @@ import zmq
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from logrouter.wire.errors import detached
+
 SUB = "sub"
 ROUTER = "router"
 PULL = "pull"
@@ -275,7 +277,7 @@ class ZmqReceiver:
                 try:
                     decoded = self.decode(spec.kind, frames)
                 except Exception as e:  # noqa: BLE001 - the source judges it (counted, replied)
-                    decoded = e
+                    decoded = detached(e)
                 chunk.append(Received(index, identity, decoded, n))
                 size += n
                 if len(chunk) >= self.max_chunk_messages or size >= self.max_chunk_bytes:

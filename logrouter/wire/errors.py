@@ -19,3 +19,17 @@ class DecodeError(Exception):
         self.reason = reason
         self.fatal = fatal
         self.messages: list[Any] = []
+
+
+def detached(error: BaseException) -> BaseException:
+    """``error`` without its traceback and the exceptions chained to it, to be kept.
+
+    A traceback holds every frame the error passed through, and through them their
+    locals (whole payloads, the decoder, the list the error is about to be put in): kept
+    in a long-lived structure, that is a reference cycle, freed only when the cycle
+    collector runs, which the daemon does every few seconds (``logrouter.gc_tuning``).
+    """
+    error.__traceback__ = None
+    error.__context__ = None
+    error.__cause__ = None
+    return error

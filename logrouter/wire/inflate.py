@@ -249,10 +249,12 @@ class StreamInflater:
                 if not piece and not pending and position >= size:
                     break  # everything handed in is inflated: wait for more
         except zlib.error as e:
+            # What is kept is a copy that is never raised: a raised one carries a
+            # traceback back to this frame and this inflater (a reference cycle).
             self._failed = InflateError(f"bad compressed data: {e}")
-            raise self._failed from None
+            raise InflateError(self._failed.reason) from None
         except InflateError as e:
-            self._failed = e
+            self._failed = InflateError(e.reason, e.too_big)
             raise
         if inflater.eof:
             self.last_used = position - len(inflater.unused_data)
