@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 
+import pytest
 from twisted.internet.task import Clock
 
 from logrouter import gc_tuning
@@ -57,10 +58,14 @@ class _Router:
         return self.stopping
 
 
-def _service(tmp_path):
+@pytest.fixture
+def daemon(tmp_path):
+    """A RouterService as twistd runs it (a config path), on a Clock, with a router whose
+    start and stop the test fires; the process's collector settings restored after."""
     from logrouter.config.load import load_string
     from logrouter.service import RouterService
 
+    before = gc.get_threshold()
     clock = Clock()
     clock.stop = lambda: None  # type: ignore[attr-defined]
     service = RouterService(load_string(f'[spool]\npath = "{tmp_path}"\n'), reactor=clock,
@@ -68,38 +73,28 @@ def _service(tmp_path):
     router = _Router()
     service.build_router = lambda: router  # type: ignore[method-assign]
     service._install_sighup = lambda: None  # type: ignore[method-assign]
-    return service, router, clock
+    yield service, router, clock
+    if service.collector is not None:
+        service.collector.stop()
+    gc.unfreeze()
+    gc.set_threshold(*before)
 
 
-def test_the_daemon_collects_until_its_drain_is_done(tmp_path) -> None:
-    before = gc.get_threshold()
-    service, router, clock = _service(tmp_path)
-    try:
-        service.startService()
-        router.starting.callback(None)
-        assert service.collector is not None
-        service.stopService()
-        assert service.collector is not None  # the sinks are still draining
-        router.stopping.callback(None)
-        assert service.collector is None and not clock.getDelayedCalls()
-    finally:
-        if service.collector is not None:
-            service.collector.stop()
-        gc.unfreeze()
-        gc.set_threshold(*before)
+def test_the_daemon_collects_until_its_drain_is_done(daemon) -> None:
+    service, router, clock = daemon
+    service.startService()
+    router.starting.callback(None)
+    assert service.collector is not None
+    service.stopService()
+    assert service.collector is not None  # the sinks are still draining
+    router.stopping.callback(None)
+    assert service.collector is None and not clock.getDelayedCalls()
 
 
-def test_a_stop_during_the_start_starts_no_collector(tmp_path) -> None:
-    before = gc.get_threshold()
-    service, router, clock = _service(tmp_path)
-    try:
-        service.startService()
-        service.stopService()  # SIGTERM while the spool replays
-        router.starting.callback(None)
-        router.stopping.callback(None)
-        assert service.collector is None and not clock.getDelayedCalls()
-    finally:
-        if service.collector is not None:
-            service.collector.stop()
-        gc.unfreeze()
-        gc.set_threshold(*before)
+def test_a_stop_during_the_start_starts_no_collector(daemon) -> None:
+    service, router, clock = daemon
+    service.startService()
+    service.stopService()  # SIGTERM while the spool replays
+    router.starting.callback(None)
+    router.stopping.callback(None)
+    assert service.collector is None and not clock.getDelayedCalls()
