@@ -35,6 +35,7 @@ from logrouter.sources.base import Source, SourceContext, build_source
 from logrouter.spool.log import SpoolLog
 from logrouter.spool.segment import MAX_PAYLOAD
 from logrouter.spool.record import RecentBatches, decode_key, encode_batch
+from logrouter.wire.errors import detached
 
 READ_CHUNK_BYTES = 4 << 20
 LOW_WATER = 0.8  # resume sources / feed a sink again below this share of its bound
@@ -474,7 +475,7 @@ class Router:
                         batch = batch.materialized()
                     decoded.append((record, batch))
                 except Exception as e:  # noqa: BLE001 - reported and skipped by _caught_up
-                    decoded.append((record, e))
+                    decoded.append((record, detached(e)))  # no traceback holding the whole read
             return decoded, next_position
 
         feed.reading = threads.deferToThread(read_batches, feed.delivered, limit)

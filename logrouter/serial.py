@@ -81,6 +81,8 @@ class SerialWorker:
 
     def _done(self, result: Any, waiting: list[defer.Deferred]) -> None:
         self._busy = False
+        if isinstance(result, Failure):
+            result.cleanFailure()  # its frames hold the run's items: no cycle through them (gc_tuning)
         if isinstance(result, Failure) and self._on_failure is not None:
             self._on_failure(result)
             result = None

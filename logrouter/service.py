@@ -101,7 +101,9 @@ class RouterService(service.Service):
         return d.addCallbacks(applied, failed)
 
     def _running(self, _: Any) -> None:
-        if self.config_path is not None and self.running:  # a daemon's process, not a test's; not stopping
+        if not self.running:
+            return  # a stop came while the router started: start nothing it would not stop
+        if self.config_path is not None:  # a daemon's process, not a test's
             from logrouter import gc_tuning
 
             self.collector = gc_tuning.tune(self.reactor)

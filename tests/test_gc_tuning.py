@@ -91,10 +91,15 @@ def test_the_daemon_collects_until_its_drain_is_done(daemon) -> None:
     assert service.collector is None and not clock.getDelayedCalls()
 
 
-def test_a_stop_during_the_start_starts_no_collector(daemon) -> None:
+def test_a_stop_during_the_start_starts_no_collector_and_no_compaction(daemon, monkeypatch) -> None:
+    import logrouter.service
+
     service, router, clock = daemon
+    started = []
+    monkeypatch.setattr(logrouter.service, "start_compaction", lambda config, reactor: started.append(1) or object())
     service.startService()
     service.stopService()  # SIGTERM while the spool replays
     router.starting.callback(None)
     router.stopping.callback(None)
     assert service.collector is None and not clock.getDelayedCalls()
+    assert started == []  # stopService had already passed it by

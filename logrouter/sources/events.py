@@ -338,9 +338,13 @@ def _loads_shallow(document: bytes) -> Any:
     thread = threading.Thread(target=decode, name="logrouter-deep-json")
     thread.start()
     thread.join()
-    if isinstance(result[0], BaseException):
-        raise result[0]
-    return result[0]
+    outcome = result.pop()
+    if isinstance(outcome, BaseException):
+        try:
+            raise outcome
+        finally:
+            outcome = None  # not kept in this frame, which the raised error's traceback holds
+    return outcome
 
 
 def events_of_documents(documents: list[bytes], now: int, drop_metadata: bool) -> list[tuple[int, dict[str, Any]]]:

@@ -57,6 +57,11 @@ class OffloadPool:
 
         def finished(result: Any) -> Any:
             self._running.discard(d)
+            if isinstance(result, Failure):
+                # Its traceback holds the failed call's frames (the message being decoded)
+                # and the pool's own frame holding it: a cycle the collector frees only
+                # every few seconds (logrouter.gc_tuning). Strings keep what a log needs.
+                result.cleanFailure()
             return result
 
         return d.addBoth(finished)

@@ -38,6 +38,7 @@ from typing import Any, Callable, NamedTuple, Optional
 import zmq
 from twisted.internet import defer
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from logrouter.wire.errors import detached
 
@@ -193,7 +194,11 @@ class ZmqReceiver:
         try:
             self._loop(sockets)
         except Exception:  # noqa: BLE001 - a bug here must be seen, and must not hang stop()
-            self.reactor.callFromThread(self.log.failure, "ZeroMQ receiver thread of {name} failed", name=self.name)
+            # Taken here: on the reactor thread there is no current exception to log.
+            failure = Failure()
+            failure.cleanFailure()
+            self.reactor.callFromThread(self.log.failure, "ZeroMQ receiver thread of {name} failed", failure,
+                                        name=self.name)
         finally:
             self._run_commands(sockets)  # replies queued until the end still leave
             for s, spec in zip(sockets, self.specs):

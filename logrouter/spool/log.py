@@ -36,6 +36,7 @@ from twisted.logger import Logger
 
 from logrouter.serial import SerialWorker
 from logrouter.spool.segment import Damage, Record, frame, parse_segment_name, read_frames, segment_name, walk
+from logrouter.wire.errors import detached
 
 QUARANTINE_DIR = "quarantine"
 
@@ -322,7 +323,7 @@ class SpoolLog:
             if failed and failed[0].position >= 0:
                 self._file_end = failed[0].position
             for item in failed:
-                item.error = e
+                item.error = detached(e)  # no traceback tying this frame (every item, the joined bytes) to it
                 item.position = item.end = -1
             try:
                 self._cut_back()

@@ -1,16 +1,19 @@
-"""A payload whose last event is not JSON leaves no garbage cycle behind.
+"""Errors kept for later hold no reference cycle through the frames they passed.
 
-The decoders keep an invalid event's exception in a local only long enough to name the
-reason: a traceback refers to the decoding frame, which holds the whole inflated
-payload, and the daemon runs the cycle collector only every few seconds
-(``logrouter.gc_tuning``), so such a cycle would keep up to a frame's limit of memory
-alive per connection until then.
+The daemon runs the cycle collector only every few seconds (``logrouter.gc_tuning``).
+An exception's traceback (a Twisted Failure's too) holds every frame it passed through,
+and their locals: the whole inflated payload of a decoder, the items of a sink's failed
+run, a message being decoded off the reactor. Kept in a local of such a frame or in a
+structure those frames reach, that is a cycle, and it keeps all of it until the
+collector runs. Invalid events, undecodable messages, a failed inflater, a failed
+thread job: each must leave nothing for the collector.
 """
 
 from __future__ import annotations
 
 import gc
 import struct
+import weakref
 
 import pytest
 
@@ -88,3 +91,43 @@ def test_detached_drops_the_traceback_and_the_chain() -> None:
         error = detached(e)
     assert (error.__traceback__, error.__context__, error.__cause__) == (None, None, None)
     assert str(error) == "outer"
+
+
+class _Payload:
+    """Stands for the big buffers a failed call's frames hold."""
+
+
+def _failing_call(refs: list):
+    def call(*_):
+        payload = _Payload()
+        refs.append(weakref.ref(payload))
+        raise ValueError("the disk is full")
+
+    return call
+
+
+def test_a_failed_run_of_a_serial_worker_holds_nothing_after(threaded_reactor, collector_off) -> None:
+    from helpers import spin
+
+    from logrouter.serial import SerialWorker
+
+    refs: list = []
+    failures: list = []
+    worker = SerialWorker(threaded_reactor, _failing_call(refs), "test-serial", on_failure=failures.append)
+    spin(threaded_reactor, worker.submit("item"))
+    spin(threaded_reactor, worker.stop())
+    assert len(failures) == 1 and "the disk is full" in failures[0].getTraceback()  # still says what and where
+    assert refs[0]() is None  # freed without the collector
+
+
+def test_a_failed_offloaded_call_holds_nothing_after(threaded_reactor, collector_off) -> None:
+    from helpers import spin
+
+    from logrouter.sources.offload import OffloadPool
+
+    refs: list = []
+    pool = OffloadPool(threaded_reactor, 1, "test-offload")
+    with pytest.raises(ValueError):
+        spin(threaded_reactor, pool.run(_failing_call(refs)))
+    spin(threaded_reactor, pool.stop())
+    assert refs[0]() is None
