@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import sys
-import threading
-import time
-import traceback
+import faulthandler
 
 import pytest
 
@@ -35,25 +31,10 @@ def pki(tmp_path_factory):
 EXIT_WATCHDOG_SECS = 120.0
 
 
-def _exit_watchdog(seconds: float) -> None:
-    time.sleep(seconds)
-    # Still here: something keeps the interpreter from exiting (a non-daemon thread a
-    # test left running, which threading._shutdown waits for). Name it instead of hanging.
-    frames = sys._current_frames()
-    lines = [f"\npytest finished {seconds:.0f}s ago but the process has not exited; threads still running:\n"]
-    for thread in threading.enumerate():
-        if thread is threading.current_thread():
-            continue
-        lines.append(f"--- {thread.name} (daemon={thread.daemon})\n")
-        frame = frames.get(thread.ident)
-        if frame is not None:
-            lines.extend(traceback.format_stack(frame))
-    sys.stderr.write("".join(lines))
-    sys.stderr.flush()
-    os._exit(3)
-
-
 def pytest_unconfigure(config):
     """After the last test and the report: a test that leaves a non-daemon thread behind
-    would otherwise keep pytest from ever exiting (a CI time-out, not a failure)."""
-    threading.Thread(target=_exit_watchdog, args=(EXIT_WATCHDOG_SECS,), name="exit-watchdog", daemon=True).start()
+    would keep pytest from ever exiting (a CI time-out, not a failure). If the process is
+    still alive EXIT_WATCHDOG_SECS later, faulthandler's own thread (it needs no GIL, so it
+    also sees a hang in the interpreter's finalization) prints every thread's stack and
+    exits with status 1."""
+    faulthandler.dump_traceback_later(EXIT_WATCHDOG_SECS, exit=True)
