@@ -315,6 +315,7 @@ class Relay:
                     client.write(b"".join(struct.pack(">BBI", 0x32, 0x41, size) for size in sizes))
                     self.acked_events += sum(sizes)
                     self.windows += len(sizes)
+                    await client.drain()
                     continue
                 conn["outstanding"].extend(sizes)
                 self.forwarded_events += sum(sizes)
@@ -531,6 +532,8 @@ def main() -> None:
     if binary is None:
         raise SystemExit(why)
     if args.receiver == "null":
+        if args.workers != 1 or args.show_row or args.durability != "fsync":
+            raise SystemExit("--receiver null starts no daemon: --workers, --durability and --show-row do not apply")
         null_receiver(binary, args)
         return
     with tempfile.TemporaryDirectory(prefix="logrouter-bench-") as tmp:
