@@ -30,6 +30,7 @@ from logrouter import dedupe
 from logrouter.batch import Batch
 from logrouter.config.load import ERRORS_OUTPUT, Config
 from logrouter.errors import LoggedErrors, RoutedErrors
+from logrouter.serial import defer_to_thread
 from logrouter.sinks.state import SinkState
 from logrouter.sources.base import Source, SourceContext, build_source
 from logrouter.spool.log import SpoolLog
@@ -478,7 +479,7 @@ class Router:
                     decoded.append((record, detached(e)))  # no traceback holding the whole read
             return decoded, next_position
 
-        feed.reading = threads.deferToThread(read_batches, feed.delivered, limit)
+        feed.reading = defer_to_thread(read_batches, feed.delivered, limit)
         feed.reading.addCallback(self._caught_up, feed, epoch)
         feed.reading.addErrback(self._read_failed, feed)
 

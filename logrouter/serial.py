@@ -15,6 +15,23 @@ from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
 
+def clean_failure(result: Any) -> Any:
+    """``result``; a Failure with its frames made strings (it still prints its traceback).
+
+    A call that fails in a Twisted thread pool leaves a Failure whose traceback holds the
+    failed frames (their locals: the batch, the payload) and the pool's own frame holding
+    the Failure: a reference cycle, freed only when the cycle collector runs, every few
+    seconds in the daemon (``logrouter.gc_tuning``)."""
+    if isinstance(result, Failure):
+        result.cleanFailure()
+    return result
+
+
+def defer_to_thread(function: Callable[..., Any], *args: Any, **kwargs: Any) -> defer.Deferred:
+    """``threads.deferToThread``, its failures cleaned (``clean_failure``)."""
+    return threads.deferToThread(function, *args, **kwargs).addErrback(clean_failure)
+
+
 class SerialWorker:
     """Run ``job(items)`` in one thread; every ``submit`` Deferred fires with that run's result.
 
@@ -81,8 +98,7 @@ class SerialWorker:
 
     def _done(self, result: Any, waiting: list[defer.Deferred]) -> None:
         self._busy = False
-        if isinstance(result, Failure):
-            result.cleanFailure()  # its frames hold the run's items: no cycle through them (gc_tuning)
+        clean_failure(result)  # its frames hold the run's items
         if isinstance(result, Failure) and self._on_failure is not None:
             self._on_failure(result)
             result = None

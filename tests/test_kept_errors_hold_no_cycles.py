@@ -131,3 +131,14 @@ def test_a_failed_offloaded_call_holds_nothing_after(threaded_reactor, collector
         spin(threaded_reactor, pool.run(_failing_call(refs)))
     spin(threaded_reactor, pool.stop())
     assert refs[0]() is None
+
+
+def test_a_failed_call_in_a_thread_holds_nothing_after(threaded_reactor, collector_off) -> None:
+    from helpers import spin
+
+    from logrouter.serial import defer_to_thread
+
+    refs: list = []
+    with pytest.raises(ValueError):
+        spin(threaded_reactor, defer_to_thread(_failing_call(refs)))
+    assert refs[0]() is None

@@ -30,12 +30,12 @@ import os
 import secrets
 from typing import Any, Iterator
 
-from twisted.internet import defer, task, threads
+from twisted.internet import defer, task
 
 from logrouter import registry
 from logrouter.batch import Batch, Event
 from logrouter.config.options import Option, positive
-from logrouter.serial import SerialWorker
+from logrouter.serial import SerialWorker, defer_to_thread
 from logrouter.sinks.base import SINK_OPTIONS
 
 from logrouter.sinks.worker_sink import RESET as _RESET, ROWS as _ROWS, STOP as _STOP, TICK as _TICK, WorkerSink  # noqa: F401
@@ -192,7 +192,7 @@ class FileSink(WorkerSink):
     # -- lifecycle (reactor thread) ----------------------------------------------------
 
     def start(self) -> defer.Deferred:
-        d = threads.deferToThread(self._recover)
+        d = defer_to_thread(self._recover)
 
         def started(cursor: int) -> int:
             self.cursor = self.fed_end = cursor

@@ -73,13 +73,14 @@ import os
 import socket
 from typing import Any
 
-from twisted.internet import defer, task, threads
+from twisted.internet import defer, task
 from twisted.internet.abstract import isIPAddress, isIPv6Address
 from twisted.python.failure import Failure
 
 from logrouter import registry, tls
 from logrouter.batch import Batch
 from logrouter.config.options import Option, Problems, non_negative, one_of, positive
+from logrouter.serial import defer_to_thread
 from logrouter.sinks.base import SINK_OPTIONS, SinkBase
 from logrouter.sinks.state import CursorSaver
 from logrouter.sinks.forward_client import (  # noqa: F401 - tests reach the factories through this module
@@ -251,7 +252,7 @@ class FluentForwardSink(SinkBase):
         self.server_downs = 0
 
     # Blocking calls (the state file's fsync) run here; tests replace it with a direct call.
-    run_blocking = staticmethod(threads.deferToThread)
+    run_blocking = staticmethod(defer_to_thread)
 
     # -- lifecycle -----------------------------------------------------------------------
 

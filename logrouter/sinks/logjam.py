@@ -57,7 +57,7 @@ import socket
 from typing import Any, Iterator
 
 import zmq
-from twisted.internet import defer, task, threads
+from twisted.internet import defer, task
 from twisted.python.failure import Failure
 
 from logrouter import registry
@@ -65,6 +65,7 @@ from logrouter.batch import Batch, Event
 from logrouter.config.options import REQUIRED, Option, non_negative, one_of, positive
 from logrouter.config.zmq_endpoints import bind_option, check_zmq_endpoint
 from logrouter.lake.extra import encode_extra
+from logrouter.serial import defer_to_thread
 from logrouter.sinks.base import SINK_OPTIONS, SinkBase
 from logrouter.sinks.state import CursorNotices, CursorSaver
 from logrouter.sources.events import TagTemplate
@@ -266,7 +267,7 @@ class LogjamSink(CursorNotices, SinkBase):
 
     # Blocking or CPU-heavy calls (encoding big records, the state file's fsync, closing
     # the context) run through this; tests replace it with a direct call.
-    run_blocking = staticmethod(threads.deferToThread)
+    run_blocking = staticmethod(defer_to_thread)
 
     def __init__(self, name: str, options: dict[str, Any], errors: Any, reactor: Any) -> None:
         super().__init__(name, options, errors, reactor)

@@ -59,13 +59,14 @@ import time
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any, Callable
 
-from twisted.internet import defer, endpoints, protocol, task, threads
+from twisted.internet import defer, endpoints, protocol, task
 from twisted.python.failure import Failure
 
 from logrouter import registry, tls
 from logrouter.batch import Batch, Event
 from logrouter.config.options import Option, Problems, non_negative, positive
 from logrouter.lake.extra import jsonable
+from logrouter.serial import defer_to_thread
 from logrouter.sinks.base import SINK_OPTIONS, SinkBase
 from logrouter.sinks.state import CursorNotices, CursorSaver
 from logrouter.wire import lumberjack as wire
@@ -360,7 +361,7 @@ class LumberjackSink(CursorNotices, SinkBase):
 
     # Blocking or CPU-heavy calls (window encoding, the state file's fsync) run through
     # this; tests replace it with a direct call.
-    run_blocking = staticmethod(threads.deferToThread)
+    run_blocking = staticmethod(defer_to_thread)
 
     def __init__(self, name: str, options: dict[str, Any], errors: Any, reactor: Any) -> None:
         super().__init__(name, options, errors, reactor)

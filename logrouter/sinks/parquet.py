@@ -22,7 +22,7 @@ import datetime
 import socket
 from typing import Any, Iterator
 
-from twisted.internet import defer, task, threads
+from twisted.internet import defer, task
 
 from logrouter import registry
 from logrouter.batch import Batch
@@ -32,7 +32,7 @@ from logrouter.lake.fs import check_lake_url, filesystem_for
 from logrouter.lake.partition import PartitionError
 from logrouter.lake.schema import TYPE_NAMES, ColumnTypes
 from logrouter.lake.writer import LakeWriter, SealedFile
-from logrouter.serial import SerialWorker
+from logrouter.serial import SerialWorker, defer_to_thread
 from logrouter.sinks.base import SINK_OPTIONS
 
 from logrouter.sinks.worker_sink import RESET as _RESET, ROWS as _ROWS, STOP as _STOP, TICK as _TICK, WorkerSink  # noqa: F401
@@ -148,7 +148,7 @@ class ParquetSink(WorkerSink):
         yield "logrouter_sink_buffered_rows", "gauge", labels, self.writer.buffered_rows
 
     def start(self) -> defer.Deferred:
-        d = threads.deferToThread(self._recover)
+        d = defer_to_thread(self._recover)
 
         def started(cursor: int) -> int:
             self.cursor = self.fed_end = cursor

@@ -12,12 +12,12 @@ from __future__ import annotations
 import os
 from typing import Any, Callable
 
-from twisted.internet import defer, threads
+from twisted.internet import defer
 
 from logrouter import registry
 from logrouter.batch import Batch
 from logrouter.config.options import Option, one_of
-from logrouter.serial import SerialWorker
+from logrouter.serial import SerialWorker, defer_to_thread
 from logrouter.sinks.base import SINK_OPTIONS, SinkBase
 from logrouter.sinks.file import TimeText, encode_lines
 from logrouter.sinks.state import CursorSaver
@@ -38,7 +38,7 @@ def write_all(fd: int) -> Callable[[bytes], None]:
 class CursorOnly(SinkBase):
     """A sink whose cursor moves when records are handed over, saved now and then."""
 
-    run_blocking = staticmethod(threads.deferToThread)
+    run_blocking = staticmethod(defer_to_thread)
 
     def __init__(self, name: str, options: dict[str, Any], errors: Any, reactor: Any) -> None:
         super().__init__(name, options, errors, reactor)

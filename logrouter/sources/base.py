@@ -29,16 +29,17 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterator, Protocol, runtime_checkable
 
-from twisted.internet import defer, threads
+from twisted.internet import defer
 
 from logrouter.errors import ErrorPath
+from logrouter.serial import defer_to_thread
 
 #: One metric sample: (metric name, "counter" or "gauge", labels, value).
 Sample = tuple[str, str, dict[str, str], float]
 
 
 def _run_in_thread(function: Callable[..., Any], *args: Any, **kwargs: Any) -> defer.Deferred:
-    return threads.deferToThread(function, *args, **kwargs)
+    return defer_to_thread(function, *args, **kwargs)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,8 @@ from twisted.internet import defer, threads
 from twisted.python.failure import Failure
 from twisted.python.threadpool import ThreadPool
 
+from logrouter.serial import clean_failure
+
 _END = object()
 
 
@@ -57,12 +59,7 @@ class OffloadPool:
 
         def finished(result: Any) -> Any:
             self._running.discard(d)
-            if isinstance(result, Failure):
-                # Its traceback holds the failed call's frames (the message being decoded)
-                # and the pool's own frame holding it: a cycle the collector frees only
-                # every few seconds (logrouter.gc_tuning). Strings keep what a log needs.
-                result.cleanFailure()
-            return result
+            return clean_failure(result)  # its frames hold the message being decoded
 
         return d.addBoth(finished)
 
