@@ -4,6 +4,9 @@ Both the spool's group commit and the sinks' encoders follow the same pattern: i
 arrive one by one on the reactor thread, and while the worker is busy they pile up, so
 the next run handles all of them at once (one fsync, one Parquet write). This keeps
 blocking work off the reactor and amortises it over as many items as the load brings.
+
+Also the one way the rest of the code runs a single call in a thread (``defer_to_thread``),
+whose failures, like a run's, are cleaned of their frames (``clean_failure``).
 """
 
 from __future__ import annotations
