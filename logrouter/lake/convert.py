@@ -159,25 +159,24 @@ class TableBuilder:
                 if array is not None:
                     array = _accept(array, column_type, values)
             else:
-                array = None
                 try:
                     values = list(map(itemgetter(name), records))  # every record has it: the usual case
                 except KeyError:
                     exact = False
                     values = list(map(dict.get, records, repeat(name, count)))
-            columns.append((name, column_type, values, array))
-
-        if not exact:
-            unknown = set().union(*records).difference(self._names)
-            if unknown:
-                self._collect_unknown(records, unknown, extras)
-
-        for name, column_type, values, array in columns:
-            if array is None and (inferred is None or name not in inferred):
                 try:
                     array = _accept(pa.array(values), column_type, values)
                 except _CONVERSION_ERRORS:
                     array = None
+            columns.append((name, column_type, values, array))
+
+        # Fields outside the schema go to extras first, then the values that do not fit
+        # their column (the order of each _extra object's fields).
+        if not exact:
+            unknown = set().union(*records).difference(self._names)
+            if unknown:
+                self._collect_unknown(records, unknown, extras)
+        for name, column_type, values, array in columns:
             if array is None:
                 array = self._fit_values(name, column_type, values, extras)
             arrays.append(array)

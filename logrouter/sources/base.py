@@ -38,10 +38,6 @@ from logrouter.serial import defer_to_thread
 Sample = tuple[str, str, dict[str, str], float]
 
 
-def _run_in_thread(function: Callable[..., Any], *args: Any, **kwargs: Any) -> defer.Deferred:
-    return defer_to_thread(function, *args, **kwargs)
-
-
 @dataclass(frozen=True)
 class SourceContext:
     """What a source may use of the process around it; the router builds one per router.
@@ -62,7 +58,7 @@ class SourceContext:
     reactor: Any
     errors: ErrorPath
     state_dir: str
-    run_in_thread: Callable[..., defer.Deferred] = field(default=_run_in_thread)
+    run_in_thread: Callable[..., defer.Deferred] = field(default=defer_to_thread)
     # With [router] workers: this process's worker index, and where the connections the
     # supervisor accepted for shared sources come from (None in a single process).
     worker: int = 0
