@@ -142,3 +142,13 @@ def test_a_failed_call_in_a_thread_holds_nothing_after(threaded_reactor, collect
     with pytest.raises(ValueError):
         spin(threaded_reactor, defer_to_thread(_failing_call(refs)))
     assert refs[0]() is None
+
+
+def test_a_stored_document_that_fails_in_its_own_thread_leaves_no_cycle(collector_off) -> None:
+    from logrouter.sources.events import _loads_shallow
+
+    def decode() -> None:
+        with pytest.raises(ValueError):
+            _loads_shallow(b'{"a": ' + b"x" * 1000)
+
+    assert unreachable_after(decode) == 0
