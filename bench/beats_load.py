@@ -20,6 +20,13 @@ the Go toolchain through ``tests/go_binary.py`` and cached under ``tests/.cache/
   Beats; only the per-window reflection is gone. Use it to see what the daemon itself
   can take.
 
+Each sender process runs with ``GOMAXPROCS=1`` (``--go-procs``; 0 leaves Go's default of
+one per core): it has one connection and one window to encode at a time, and 4 of them
+on 2 cores with Go's default spent ~25% more CPU per event (3.4–4.4 against 2.7–3.1 s per
+million, ``--receiver null``) in the scheduler's spinning and the parallel collector, CPU
+this machine's daemon shares. Figures before 2026-11-24 afternoon were taken with Go's
+default.
+
 ``--event`` chooses the events' shape (``-event`` of lumber-send; tst-send has only the
 first):
 
@@ -401,6 +408,12 @@ class Load:
             argv += ["-event", a.event]
         return argv
 
+    def sender_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.args.go_procs:
+            env["GOMAXPROCS"] = str(self.args.go_procs)
+        return env
+
     async def run(self) -> float:
         relay = self.relay = Relay(self.daemon_port, self.args.verify_frames)
         server = await asyncio.start_server(relay.accept, "127.0.0.1", 0)
@@ -412,7 +425,7 @@ class Load:
                 http_port = free_port()
                 log = open(self.workdir / f"{self.name}-{i}.log", "wb")
                 proc = subprocess.Popen(self.sender_argv(relay_port, http_port), stdin=subprocess.DEVNULL,
-                                        stdout=log, stderr=subprocess.STDOUT)
+                                        stdout=log, stderr=subprocess.STDOUT, env=self.sender_env())
                 log.close()
                 self.senders.append((proc, http_port))
             await asyncio.sleep(self.args.seconds)
@@ -488,7 +501,7 @@ def null_receiver(binary: Path, args: argparse.Namespace) -> None:
         acked = relay.acked_events
         million = acked / 1e6 if acked else float("nan")
         print(f"receiver=null senders={args.senders} ({args.sender} -batch {args.batch} -pipeline {args.pipelining} "
-              f"-compress {args.compress}) event={args.event}")
+              f"-compress {args.compress}, GOMAXPROCS={args.go_procs or 'default'}) event={args.event}")
         print(f"  {acked / elapsed:,.0f} events/s acked by this script ({acked:,} events, {relay.windows:,} windows "
               f"in {elapsed:.1f}s; {args.sender} counted {load.sender_acked:,})")
         print(f"  senders' CPU {load.sender_cpu:,.1f} s ({load.sender_cpu / million:,.2f} s per million), "
@@ -505,6 +518,10 @@ def main() -> None:
                         help="the load generator: go-lumber's tst-send (reflection JSON per window) or "
                              "bench/lumber_send (events pre-encoded, as Beats' own encoder hands them over)")
     parser.add_argument("--senders", type=int, default=4, help="sender processes (one connection each)")
+    parser.add_argument("--go-procs", type=int, default=1,
+                        help="GOMAXPROCS of each sender process (0: Go's default, one per core). Each sender has "
+                             "one connection; with the default, 4 senders on 2 cores spent ~25%% more CPU per event "
+                             "in Go's scheduler and parallel collector")
     parser.add_argument("--batch", type=int, default=2048, help="events per window (Beats' bulk_max_size)")
     parser.add_argument("--pipelining", type=int, default=2, help="-pipeline: windows in flight (Beats' default 2)")
     parser.add_argument("--compress", type=int, default=3, help="zlib level of the C frame (Beats' default 3)")
@@ -522,8 +539,9 @@ def main() -> None:
     parser.add_argument("--verify-frames", action="store_true",
                         help="inflate every C frame and count its J frames (default: only each connection's first)")
     args = parser.parse_args()
-    if not (0 < args.seconds <= 3600 and 0 < args.senders <= 64 and args.pipelining >= 1):
-        raise SystemExit("--seconds must be in (0, 3600], --senders in 1..64, --pipelining at least 1")
+    if not (0 < args.seconds <= 3600 and 0 < args.senders <= 64 and args.pipelining >= 1 and args.go_procs >= 0):
+        raise SystemExit("--seconds must be in (0, 3600], --senders in 1..64, --pipelining at least 1, "
+                         "--go-procs at least 0")
     if args.event != "flat" and args.sender != "lumber-send":
         raise SystemExit(f"--event {args.event} needs --sender lumber-send: {args.sender} sends only flat events")
     if args.tag is None:
@@ -551,7 +569,7 @@ def main() -> None:
         per_event = relay.json_bytes / relay.json_events if relay.json_events else float("nan")
         per_window = relay.forwarded_bytes / relay.forwarded_events * args.batch if relay.forwarded_events else float("nan")
         print(f"durability={args.durability} senders={args.senders} ({args.sender} -batch {args.batch} "
-              f"-pipeline {args.pipelining} -compress {args.compress}) event={args.event}{workers} "
+              f"-pipeline {args.pipelining} -compress {args.compress}, GOMAXPROCS={args.go_procs or 'default'}) event={args.event}{workers} "
               f"(window ~{per_window:,.0f} bytes on the wire, ~{per_event:.0f} bytes/event as JSON)")
         print(f"  {acked / elapsed:,.0f} events/s acked ({acked:,} events, {relay.windows:,} windows in {elapsed:.1f}s; "
               f"{args.sender} counted {load.sender_acked:,}; {relay.keepalives} keepalive ACKs)")
