@@ -17,6 +17,7 @@ examples (see bench/FUZZ.md).
 
 from __future__ import annotations
 
+import json
 import os
 import struct
 from collections.abc import Callable, Iterable, Sequence
@@ -132,3 +133,33 @@ def mutated(draw: Any, base: st.SearchStrategy[bytes]) -> bytes:
             value = draw(st.sampled_from([0, 1, 7, 2**31, 2**32 - 1]) | st.integers(0, 2**32 - 1))
             data[at : at + 4] = struct.pack(">I", value)
     return bytes(data[:MAX_INPUT])
+
+
+_scalars = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats(allow_nan=False) | st.text(max_size=12)
+_values = st.recursive(
+    _scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=8
+)
+_objects = st.dictionaries(st.text(max_size=8), _values, max_size=4)
+# JSON that msgspec refuses and ``json`` reads, or that only looks like an object.
+_SPECIAL_DOCUMENTS = [b'{"a": NaN}', b'{"\\ud800": 1}', b'{"n": 1e400}', b"[Infinity]", b'{"a":1} x', b"\xff{}", b"",
+                      b' {"a": 2} ', b'{"big": 123456789012345678901234567890}']
+
+
+@st.composite
+def mixed_documents(draw: Any) -> list[bytes]:
+    """JSON event documents of every kind, mostly objects: other JSON values, JSON only
+    ``json`` reads (NaN, a lone surrogate escape, a number beyond floats), garbage and
+    invalid UTF-8. For decoders that decode a run of documents at once and must give each
+    the verdict it gets alone."""
+    kinds = st.sampled_from(["object", "object", "object", "value", "special", "garbage"])
+    out = []
+    for kind in draw(st.lists(kinds, max_size=8)):
+        if kind == "object":
+            out.append(json.dumps(draw(_objects)).encode())
+        elif kind == "value":
+            out.append(json.dumps(draw(_values)).encode())
+        elif kind == "special":
+            out.append(draw(st.sampled_from(_SPECIAL_DOCUMENTS)))
+        else:
+            out.append(draw(st.binary(max_size=16)))
+    return out

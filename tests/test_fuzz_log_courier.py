@@ -12,7 +12,7 @@ from __future__ import annotations
 import zlib
 from typing import Any
 
-from fuzz_helpers import MAX_INPUT, cuts, decode_all_ways, fuzz_settings, mutated
+from fuzz_helpers import MAX_INPUT, cuts, decode_all_ways, fuzz_settings, mixed_documents, mutated, split_at
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -136,3 +136,23 @@ def test_server_messages_decode_every_way(data, cuts):
 @given(mutated(acks) | st.binary(max_size=MAX_INPUT), cuts)
 def test_server_garbage_gives_the_same_frames_and_error_every_way(data, cuts):
     decode_all_ways(lc.AcknDecoder, data, cuts)
+
+
+@fuzz_settings()
+@given(mixed_documents(), st.sampled_from(["JDAT", "EVNT"]), cuts)
+def test_a_payload_of_mixed_records_decodes_as_record_by_record(documents, kind, cuts):
+    """A payload's records are decoded in one pass while every one is an object, else one
+    by one: either way each gets the verdict it gets alone (a non-object kept as its
+    text and counted), in order, with the first invalid one's number in the reason."""
+    nonce = bytes(range(16))
+    encode = lc.encode_jdat if kind == "JDAT" else lc.encode_evnt
+    data = encode(nonce, documents)
+    reference = lc.Payload(kind, nonce)
+    lc._decode_each(reference, documents)
+    for feeds in ([data], split_at(data, cuts)):
+        decoder = lc.LogCourierDecoder()
+        (payload,) = [m for feed in feeds for m in decoder.feed(feed)]
+        assert repr(payload.events) == repr(reference.events)  # repr: NaN, and 1 apart from 1.0
+        assert payload.documents == reference.documents
+        assert (payload.invalid, payload.invalid_reason) == (reference.invalid, reference.invalid_reason)
+

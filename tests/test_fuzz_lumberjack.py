@@ -14,7 +14,7 @@ import struct
 import zlib
 from typing import Any
 
-from fuzz_helpers import MAX_INPUT, cuts, decode_all_ways, fuzz_settings, mutated
+from fuzz_helpers import MAX_INPUT, cuts, decode_all_ways, fuzz_settings, mixed_documents, mutated, split_at
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -153,6 +153,40 @@ def test_compressed_garbage_every_way(version, inner, cuts, limits):
     decode_all_ways(decoder_factory(limits), data, cuts, normalize=summarize)
     blob = zlib.compress(inner)
     decode_all_ways(decoder_factory(limits), v + b"C" + struct.pack(">I", len(blob)) + blob, cuts, normalize=summarize)
+
+
+def reference_run(documents: list[bytes], first_seq: int) -> tuple[list, int, str | None]:
+    """What decoding each document on its own gives: the objects, the invalid count, and
+    the reason the decoder reports (the first invalid one's)."""
+    records, invalid, reason = [], 0, None
+    for seq, document in enumerate(documents, first_seq):
+        probe = lj.LumberjackDecoder()
+        (events,) = probe.feed(lj.encode_json(seq, document))
+        records += events.records
+        if events.invalid:
+            invalid += 1
+            reason = reason or events.invalid_reason
+    return records, invalid, reason
+
+
+@fuzz_settings()
+@given(mixed_documents(), st.sampled_from([None, 3]), cuts)
+def test_a_run_of_documents_decodes_as_each_document_alone(documents, level, cuts):
+    """A run of J frames is decoded in one pass while every document is an object, and
+    document by document once one is not: either way each gets the verdict it gets
+    alone, the invalid ones counted, the first one's seq in the reason."""
+    body = b"".join(lj.encode_json(i + 5, d) for i, d in enumerate(documents))
+    data = lj.encode_window(len(documents)) + (lj.encode_compressed(body, level) if level and body else body)
+    records, invalid, reason = reference_run(documents, 5)
+    for feeds in ([data], split_at(data, cuts)):
+        decoder = lj.LumberjackDecoder()
+        events = [m for feed in feeds for m in decoder.feed(feed) if isinstance(m, lj.Events)]
+        # repr: NaN is not equal to itself, and 1 must stay apart from 1.0
+        assert repr([r for e in events for r in e.records]) == repr(records)
+        assert sum(e.invalid for e in events) == invalid
+        assert next((e.invalid_reason for e in events if e.invalid_reason), None) == reason
+        kept = [d for e in events for d in e.documents]
+        assert repr([lj.json_text.loads(d) for d in kept]) == repr(records)
 
 
 # -- the ack reader ----------------------------------------------------------------------------

@@ -8,9 +8,10 @@ import math
 
 from fuzz_helpers import fuzz_settings, mutated
 from hypothesis import given
+import msgspec
 from hypothesis import strategies as st
 
-from logrouter.wire.json_text import loads
+from logrouter.wire.json_text import fast_loads, fast_object_loads, loads, objects_or_none
 
 values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**80), 2**80) | st.floats() | st.text(max_size=10),
@@ -75,3 +76,44 @@ def test_the_edges_where_orjson_differs() -> None:
                  b'["\\ud800"]', b"[1e400]", b"\xff", b'{"a":1}x', b'  {"a": 1} ', b'{"a":1,"a":2}',
                  b"[" * 5000 + b"]" * 5000]:
         check(text)
+
+
+def object_verdict(decode, data: bytes):
+    try:
+        value = decode(data)
+    except (ValueError, RecursionError, msgspec.DecodeError):
+        return "refused", None
+    return ("object", value) if type(value) is dict else ("other", None)
+
+
+@fuzz_settings()
+@given(st.data())
+def test_the_lumberjack_object_decoder_gives_what_fast_loads_gives_for_objects(data) -> None:
+    """``objects_or_none`` decodes a run of events with msgspec's decoder typed ``dict``
+    and no type check per event: where ``fast_loads`` gives a dict it must give the same
+    dict, and refuse every other document (the run then takes the per-event path)."""
+    base = st.builds(lambda v: json.dumps(v).encode(), values | st.dictionaries(st.text(max_size=5), values, max_size=5))
+    for text in (data.draw(base), data.draw(mutated(base)), data.draw(st.binary(max_size=32))):
+        want, got = object_verdict(fast_loads, text), object_verdict(fast_object_loads, text)
+        if want[0] == "object":
+            assert got[0] == "object" and same(want[1], got[1]), (text, want, got)
+        else:
+            assert got[0] == "refused", (text, want, got)
+
+
+def test_the_lumberjack_object_decoder_at_the_edges() -> None:
+    for text in [b'{"a": -9223372036854775809}', b'{"a": 18446744073709551616}', b'{"a":1,"a":2}', b'{"a": NaN}',
+                 b'{"\\ud800": 1}', b"[]", b"1", b'"x"', b"null", b'  {"a": {"b": [1, {"c": null}]}} ',
+                 b'{"a":' * 3000 + b"1" + b"}" * 3000]:
+        want, got = object_verdict(fast_loads, text), object_verdict(fast_object_loads, text)
+        if want[0] == "object":
+            assert got[0] == "object" and same(want[1], got[1]), text
+        else:
+            assert got[0] == "refused", text
+
+
+def test_objects_or_none_is_none_when_any_document_is_not_an_object() -> None:
+    assert objects_or_none([b'{"a": 1}', b' {"b": [2]} ']) == [{"a": 1}, {"b": [2]}]
+    assert objects_or_none([]) == []
+    for odd in (b"[1]", b'{"a": NaN}', b"\xff", b"", b'{"a":1} x', b"[" * 5000 + b"]" * 5000):
+        assert objects_or_none([b'{"a": 1}', odd]) is None, odd
