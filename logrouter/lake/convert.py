@@ -119,6 +119,9 @@ def _accept(array: pa.Array, column_type: pa.DataType, values: list[Any]) -> pa.
     return None
 
 
+_TIME, _RECORD = itemgetter(0), itemgetter(1)
+
+
 def time_column(times: list[int]) -> pa.Array:
     """Event times (ns) as ``timestamp[us, UTC]``, truncated to microseconds."""
     try:
@@ -144,14 +147,15 @@ class TableBuilder:
         """The table of ``events``. ``inferred`` is what ``schema.file_schema`` filled
         in for the same events (first row group): values and arrays to reuse."""
         count = len(events)
-        records = [event[1] for event in events]
-        arrays = [time_column([event[0] for event in events])]
+        records = list(map(_RECORD, events))
+        arrays = [time_column(list(map(_TIME, events)))]
         extras: dict[int, dict[str, Any]] = {}
 
         # Each column's values first: when every record holds every column and nothing
-        # else (same count of keys), no record has a field outside the schema, and the
-        # union of all their keys (a hash per field) is not needed.
-        exact = inferred is None and set(map(len, records)) == {len(self._columns)}
+        # else (as many keys as columns: each holds at least that many once every
+        # column's itemgetter found its key), no record has a field outside the schema,
+        # and the union of all their keys (a hash per field) is not needed.
+        exact = inferred is None and sum(map(len, records)) == len(self._columns) * count
         columns: list[tuple[str, pa.DataType, list[Any], pa.Array | None]] = []
         for name, column_type in self._columns:
             if inferred is not None and name in inferred:

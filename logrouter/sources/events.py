@@ -20,6 +20,7 @@ import datetime
 import re
 import threading
 from itertools import repeat
+from operator import itemgetter
 from typing import Any, Callable
 
 import pyarrow as pa
@@ -69,6 +70,8 @@ def _whole_seconds(prefix: str) -> int | None:
 
 _UTC_NS = pa.timestamp("ns", "UTC")
 _COLUMN_MIN = 64  # below this many events Arrow's fixed cost per call outweighs the loop
+_STAMP = itemgetter("@timestamp")
+_STRING = pa.string()
 
 
 def _stamp_times(records: list[dict[str, Any]]) -> list[int] | None:
@@ -84,12 +87,14 @@ def _stamp_times(records: list[dict[str, Any]]) -> list[int] | None:
     """
     if len(records) < _COLUMN_MIN:
         return None
-    stamps = list(map(dict.get, records, repeat("@timestamp")))
-    if set(map(type, stamps)) != {str}:
-        return None
     try:
-        array = pa.array(stamps, pa.string())
-    except (pa.ArrowException, UnicodeError):  # a lone surrogate (from a "\ud800" escape)
+        # Arrow's inference is the type check: it refuses numbers, lists and objects
+        # among strings, gives bytes a binary type and None a null (str subclasses,
+        # which no decoder of these records makes, would pass as str).
+        array = pa.array(list(map(_STAMP, records)))
+    except (KeyError, pa.ArrowException, UnicodeError):  # UnicodeError: a lone surrogate ("\ud800")
+        return None
+    if array.type != _STRING or array.null_count:
         return None
     lengths = pc.min_max(pc.utf8_length(array))
     if lengths["min"].as_py() < 22 or lengths["max"].as_py() > 30 or not pc.all(pc.ends_with(array, "Z")).as_py():
@@ -229,7 +234,10 @@ class TagTemplate:
                 level = list(map(dict.get, level, repeat(key)))
                 if set(map(type, level)) != {dict}:
                     return None
-        values = list(map(dict.get, level, repeat(keys[-1])))
+        try:
+            values = list(map(itemgetter(keys[-1]), level))
+        except KeyError:
+            return None  # a record without the field: not one tag for all
         first = values[0]
         if first.__class__ is not str or values.count(first) != len(values):
             return None
