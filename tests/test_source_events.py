@@ -85,13 +85,26 @@ def test_a_read_in_the_usual_shape_is_timed_column_wise(monkeypatch):
      "2026-11-23 22:00:00.5Z", "2026-11-23t22:00:00.5Z", "2026-11-23T22:00:00.5z", "2026-11-23T22:00:60.5Z",
      "2026-11-23T22:00:00,5Z", "2262-04-11T23:47:16.1Z", "1677-09-21T00:12:43.9Z", "2262-04-11T23:47:15.999999999Z",
      "1677-09-21T00:12:44.000000001Z", "9999-12-31T23:59:59.000Z", "0001-01-01T00:00:00.5Z", "2026-11-23T22:00:00Z",
-     "", None, 1_700_000_000, 1.5, {"t": 1}, b"2026-11-23T22:00:00.5Z", "\ud800", "2026-11-23T22:00:00.5\ud800Z"],
+     "", None, 1_700_000_000, 1.5, {"t": 1}, b"2026-11-23T22:00:00.5Z", "\ud800", "2026-11-23T22:00:00.5\ud800Z",
+     2**64, -(2**64), [2**64], float("nan"), True],
 )
-def test_one_odd_stamp_among_many_comes_out_as_the_per_event_path_says(odd):
+@pytest.mark.parametrize("at", [0, MANY // 2, MANY - 1])
+def test_one_odd_stamp_among_many_comes_out_as_the_per_event_path_says(odd, at):
     from logrouter.sources.events import _time_of
 
     records = usual(MANY)
-    records[MANY // 2]["@timestamp"] = odd
+    records[at]["@timestamp"] = odd
+    (batch,) = batch_builder(TagTemplate("t"))(records, NOW)
+    assert [t for t, _ in batch.events] == [_time_of(r["@timestamp"], NOW) for r in records]
+
+
+@pytest.mark.parametrize("first", [[None, 2**64], [2**64], [[2**64]], [{"a": 1}, {"a": 2**64}], [None, -(2**70)]])
+def test_odd_stamps_ahead_of_the_strings_come_out_as_the_per_event_path_says(first):
+    from logrouter.sources.events import _time_of
+
+    records = usual(MANY)
+    for i, odd in enumerate(first):
+        records[i]["@timestamp"] = odd
     (batch,) = batch_builder(TagTemplate("t"))(records, NOW)
     assert [t for t, _ in batch.events] == [_time_of(r["@timestamp"], NOW) for r in records]
 

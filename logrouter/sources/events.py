@@ -92,7 +92,9 @@ def _stamp_times(records: list[dict[str, Any]]) -> list[int] | None:
         # among strings, gives bytes a binary type and None a null (str subclasses,
         # which no decoder of these records makes, would pass as str).
         array = pa.array(list(map(_STAMP, records)))
-    except (KeyError, pa.ArrowException, UnicodeError):  # UnicodeError: a lone surrogate ("\ud800")
+    except (KeyError, pa.ArrowException, UnicodeError, OverflowError):
+        # UnicodeError: a lone surrogate ("\ud800"); OverflowError: an int beyond 64 bits
+        # before the first str (Arrow then tries to make the column int64)
         return None
     if array.type != _STRING or array.null_count:
         return None

@@ -215,7 +215,7 @@ def _decode_records(content: bytes, kind: str, nonce: bytes, max_event_bytes: in
 
     The per-event hot path, in two tight passes: the records cut out (one unpack, one
     slice each), then all of them decoded at once (``json_text.objects_or_none``); a
-    record that is not an object msgspec reads sends the payload to ``_decode_each``.
+    record that is not an object msgspec reads sends the payload one by one.
     """
     payload = Payload(kind, nonce)
     raws: list[bytes] = []
@@ -237,21 +237,23 @@ def _decode_records(content: bytes, kind: str, nonce: bytes, max_event_bytes: in
             raise DecodeError(f"{kind} payload holds more than max_payload_events {max_events} events")
         keep(content[start:pos])
     records = json_text.objects_or_none(raws)
-    if records is None:
-        _decode_each(payload, raws)
-    else:
+    if records is not None:
         payload.events = records
         payload.documents = raws
-    return payload
-
-
-def _decode_each(payload: Payload, raws: list[bytes]) -> None:
-    """Each record decoded on its own: an object is an event, anything else an invalid
-    one (kept as its text, ``_invalid``)."""
+        return payload
+    # Each record on its own, for its own verdict. Inline, not in a helper: JSON decoders
+    # count nesting against the recursion limit, and a frame more would change the
+    # verdict on a record nested near it.
+    fast_loads, fast_refused = json_text.fast_loads, json_text.FAST_REFUSED
     for raw in raws:
         try:
-            record = json_text.loads(raw)
-        except _JSON_ERRORS as e:
+            record = fast_loads(raw)
+        except fast_refused:
+            try:
+                record = json_text.standard_loads(raw)
+            except _JSON_ERRORS as e:
+                record = e
+        except ValueError as e:  # msgspec's own verdict stands (UnicodeDecodeError), as in loads
             record = e
         if record.__class__ is dict:
             payload.events.append(record)
@@ -259,6 +261,7 @@ def _decode_each(payload: Payload, raws: list[bytes]) -> None:
         else:
             _invalid(payload, record, raw)
             record = None  # an exception's traceback would tie this frame (and the payload) to it
+    return payload
 
 
 def _invalid(payload: Payload, problem: Any, raw: bytes) -> None:

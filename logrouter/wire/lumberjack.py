@@ -413,7 +413,7 @@ class LumberjackDecoder:
         This is the per-event hot path, in two tight passes: the frames' documents cut
         out (one unpack, one slice each), then all of them decoded at once
         (``json_text.objects_or_none``). A document that is not an object msgspec reads
-        sends the run to ``_decode_each``, which gives every document its own verdict.
+        sends the run one by one, each document getting its own verdict.
         """
         group = self._open_group()
         documents: list[bytes] = []
@@ -438,33 +438,38 @@ class LumberjackDecoder:
             pos = stop
         frames = len(documents)
         records = json_text.objects_or_none(documents)
-        if records is None:
-            self._decode_each(group, documents, buf, start)
-        else:
+        if records is not None:
             group.records.extend(records)
             group.documents.extend(documents)
+        else:
+            # Each document on its own, for its own verdict. Inline, not in a helper: JSON
+            # decoders count nesting against the recursion limit, and a frame more would
+            # change the verdict on a document nested near it.
+            fast_loads, fast_refused = json_text.fast_loads, json_text.FAST_REFUSED
+            at = start
+            for document in documents:
+                try:
+                    record = fast_loads(document)
+                except fast_refused:
+                    try:
+                        record = json_text.standard_loads(document)
+                    except _JSON_ERRORS as e:
+                        record = e
+                except ValueError as e:  # msgspec's own verdict stands (UnicodeDecodeError), as in loads
+                    record = e
+                if record.__class__ is dict:
+                    group.records.append(record)
+                    group.documents.append(document)
+                else:
+                    self._invalid(group, record, unpack(buf, at)[1])
+                    # An exception kept in a local refers, through its traceback, to this
+                    # frame, which holds the inflated payload: a cycle only the collector
+                    # would free, and it runs every few seconds now (gc_tuning).
+                    record = None
+                at += 10 + len(document)
         self._frames_left -= frames
         self._close_run(group, frames, top)
         return pos
-
-    def _decode_each(self, group: Events, documents: list[bytes], buf: bytes | bytearray, pos: int) -> None:
-        """The slow path of a run of ``J`` frames starting at ``pos`` (``documents``
-        are theirs): each document decoded on its own, the invalid ones counted."""
-        for document in documents:
-            try:
-                record = json_text.loads(document)
-            except _JSON_ERRORS as e:
-                record = e
-            if record.__class__ is dict:
-                group.records.append(record)
-                group.documents.append(document)
-            else:
-                self._invalid(group, record, _TAG_U32X2.unpack_from(buf, pos)[1])
-                # An exception kept in a local refers, through its traceback, to this
-                # frame, which holds the inflated payload: a cycle only the collector
-                # would free, and it runs every few seconds now (gc_tuning).
-                record = None
-            pos += 10 + len(document)
 
     @staticmethod
     def _invalid(group: Events, problem: Any, seq: int) -> None:
