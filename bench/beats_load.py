@@ -410,6 +410,7 @@ class Load:
 
     def sender_env(self) -> dict[str, str]:
         env = dict(os.environ)
+        env.pop("GOMAXPROCS", None)  # 0 means Go's own default, whatever the caller's environment says
         if self.args.go_procs:
             env["GOMAXPROCS"] = str(self.args.go_procs)
         return env
