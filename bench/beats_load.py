@@ -9,9 +9,8 @@ the Go toolchain through ``tests/go_binary.py`` and cached under ``tests/.cache/
   go-lumber's own test sender, ``cmd/tst-send`` of v0.1.0. It hands the library its batch
   as 2048 ``map[string]interface{}`` events, which the library's default encoder
   (``encoding/json``, by reflection) encodes again for every window. On a 2-core machine
-  that costs it more CPU per event than the daemon spends receiving, storing and acking
-  them (~4.7 against ~4.1 CPU s per million), so the sender, not the daemon, sets the
-  ceiling of this figure.
+  that costs it about as much CPU per event as the daemon spends receiving, storing and
+  acking them (~3–4 CPU s per million each), so the two share this figure's ceiling.
 - ``--sender lumber-send``: ``bench/lumber_send/main.go``, the same library, flags and
   behaviour, and the same kind of events (byte for byte the same JSON), but each event is
   encoded once at start-up and the client gets ``v2.JSONEncoder`` returning those bytes,
