@@ -152,3 +152,26 @@ def test_a_stored_document_that_fails_in_its_own_thread_leaves_no_cycle(collecto
             _loads_shallow(b'{"a": ' + b"x" * 1000)
 
     assert unreachable_after(decode) == 0
+
+
+def test_a_failed_spool_write_keeps_its_error_detached(threaded_reactor, tmp_path, monkeypatch) -> None:
+    """The spool thread's failed group commit hands each append its error: without a
+    traceback, which would hold the writing frame (every item of the run, their joined
+    bytes) until the collector ran."""
+    from helpers import spin
+
+    from logrouter.spool.log import SpoolLog, SpoolWriteError
+
+    log = SpoolLog(threaded_reactor, str(tmp_path / "spool"))
+    log.open()
+
+    def refuse(data: bytes) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(log, "_write_all", refuse)
+    failures: list = []
+    spin(threaded_reactor, log.append(b"x" * 1000).addErrback(failures.append))
+    spin(threaded_reactor, log.close())
+    error = failures[0].value
+    assert isinstance(error, SpoolWriteError) and "No space left on device" in str(error)
+    assert isinstance(error.__cause__, OSError) and error.__cause__.__traceback__ is None
