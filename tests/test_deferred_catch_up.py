@@ -141,6 +141,44 @@ def test_a_sink_catching_up_gets_straight_records_deferred_and_filtered_ones_dec
     assert EagerSink.got == [("a", False, a_events), ("a", False, a_events)]
 
 
+def test_a_catch_up_read_hands_on_an_undecodable_records_error_detached(tmp_path, threaded_reactor, collecting_sinks, log_lines):
+    """A record the read thread cannot decode is reported and skipped; its error comes
+    back without a traceback, which would hold the read thread's frame (the whole read,
+    up to a few MiB of records) until the collector ran."""
+    reactor = threaded_reactor
+    good = encode_batch(Batch("a.log", [(T0, {"from": "a"})], "a"))
+    bad = msgpack.packb([3, "a", "a.log", ["nope", 1], None])  # a packed format replay does not know
+    spool = SpoolLog(reactor, str(tmp_path / "spool"))
+    spool.open()
+    spin(reactor, defer.gatherResults([spool.append(p) for p in (good, bad, good)]))
+    spin(reactor, spool.close())
+    config = load_string(
+        f'[spool]\npath = "{tmp_path}/spool"\n'
+        '[sources.a]\ntype = "fluent_forward"\nlisten = "tcp:0:interface=127.0.0.1"\n'
+        '[sinks.eager]\ntype = "eager_collect"\ninputs = ["a"]\n'
+    )
+    router = Router(config, reactor)
+    errors: list = []
+    caught_up = router._caught_up
+
+    def spy(result, feed, epoch):
+        errors.extend(batch for _, batch in result[0] if isinstance(batch, Exception))
+        return caught_up(result, feed, epoch)
+
+    router._caught_up = spy
+    try:
+        spin(reactor, router.start())
+        deadline = reactor.seconds() + 30
+        while len(EagerSink.got) < 2 and reactor.seconds() < deadline:
+            spin(reactor, defer.Deferred().addTimeout(0.01, reactor).addErrback(lambda _: None))
+    finally:
+        spin(reactor, router.stop())
+    assert len(EagerSink.got) == 2
+    assert len(errors) == 1 and "unknown packed events format 'nope'" in str(errors[0])
+    assert errors[0].__traceback__ is None and errors[0].__context__ is None
+    assert any("cannot be decoded" in line for line in log_lines)
+
+
 # -- in the sink's thread ------------------------------------------------------------------
 
 
