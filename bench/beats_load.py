@@ -21,9 +21,9 @@ the Go toolchain through ``tests/go_binary.py`` and cached under ``tests/.cache/
 
 Each sender process runs with ``GOMAXPROCS=1`` (``--go-procs``; 0 leaves Go's default of
 one per core): it has one connection and one window to encode at a time, and 4 of them
-on 2 cores with Go's default spent ~25% more CPU per event (3.4–4.4 against 2.7–3.1 s per
-million, ``--receiver null``) in the scheduler's spinning and the parallel collector, CPU
-this machine's daemon shares. Figures before 2026-11-24 afternoon were taken with Go's
+on 2 cores with Go's default spent 20–45% more CPU per event in 4 of 5 paired runs
+(3.5–4.4 against 2.5–3.6 s per million over a day, ``--receiver null``) in the
+scheduler's spinning and the parallel collector, CPU this machine's daemon shares. Figures before 2026-11-24 afternoon were taken with Go's
 default.
 
 ``--event`` chooses the events' shape (``-event`` of lumber-send; tst-send has only the
@@ -520,7 +520,7 @@ def main() -> None:
     parser.add_argument("--senders", type=int, default=4, help="sender processes (one connection each)")
     parser.add_argument("--go-procs", type=int, default=1,
                         help="GOMAXPROCS of each sender process (0: Go's default, one per core). Each sender has "
-                             "one connection; with the default, 4 senders on 2 cores spent ~25%% more CPU per event "
+                             "one connection; with the default, 4 senders on 2 cores spent 20-45%% more CPU per event "
                              "in Go's scheduler and parallel collector")
     parser.add_argument("--batch", type=int, default=2048, help="events per window (Beats' bulk_max_size)")
     parser.add_argument("--pipelining", type=int, default=2, help="-pipeline: windows in flight (Beats' default 2)")

@@ -155,18 +155,20 @@ def test_compressed_garbage_every_way(version, inner, cuts, limits):
     decode_all_ways(decoder_factory(limits), v + b"C" + struct.pack(">I", len(blob)) + blob, cuts, normalize=summarize)
 
 
-def reference_run(documents: list[bytes], first_seq: int) -> tuple[list, int, str | None]:
-    """What decoding each document on its own gives: the objects, the invalid count, and
-    the reason the decoder reports (the first invalid one's)."""
-    records, invalid, reason = [], 0, None
+def reference_run(documents: list[bytes], first_seq: int) -> tuple[list, list, int, str | None]:
+    """What decoding each document on its own gives: the objects, the documents kept
+    (those of the objects), the invalid count, and the reason the decoder reports (the
+    first invalid one's)."""
+    records, kept, invalid, reason = [], [], 0, None
     for seq, document in enumerate(documents, first_seq):
         probe = lj.LumberjackDecoder()
         (events,) = probe.feed(lj.encode_json(seq, document))
         records += events.records
+        kept += events.documents
         if events.invalid:
             invalid += 1
             reason = reason or events.invalid_reason
-    return records, invalid, reason
+    return records, kept, invalid, reason
 
 
 @fuzz_settings()
@@ -177,16 +179,29 @@ def test_a_run_of_documents_decodes_as_each_document_alone(documents, level, cut
     alone, the invalid ones counted, the first one's seq in the reason."""
     body = b"".join(lj.encode_json(i + 5, d) for i, d in enumerate(documents))
     data = lj.encode_window(len(documents)) + (lj.encode_compressed(body, level) if level and body else body)
-    records, invalid, reason = reference_run(documents, 5)
+    records, kept, invalid, reason = reference_run(documents, 5)
     for feeds in ([data], split_at(data, cuts)):
         decoder = lj.LumberjackDecoder()
         events = [m for feed in feeds for m in decoder.feed(feed) if isinstance(m, lj.Events)]
         # repr: NaN is not equal to itself, and 1 must stay apart from 1.0
         assert repr([r for e in events for r in e.records]) == repr(records)
+        assert [d for e in events for d in e.documents] == kept
         assert sum(e.invalid for e in events) == invalid
         assert next((e.invalid_reason for e in events if e.invalid_reason), None) == reason
-        kept = [d for e in events for d in e.documents]
-        assert repr([lj.json_text.loads(d) for d in kept]) == repr(records)
+
+
+def test_a_run_of_objects_is_decoded_in_one_call(monkeypatch):
+    """The usual window (every document an object msgspec reads) takes the one-call path:
+    the per-document decoder is never called."""
+    def per_document(document):
+        raise AssertionError("decoded one by one")
+
+    monkeypatch.setattr(lj.json_text, "fast_loads", per_document)
+    monkeypatch.setattr(lj.json_text, "standard_loads", per_document)
+    records = [{"n": i, "msg": "x" * i} for i in range(50)]
+    for level in (None, 3):
+        (_, events) = lj.LumberjackDecoder().feed(lj.encode_window_frames(records, 2, level))
+        assert events.records == records and events.invalid == 0 and events.complete
 
 
 # -- the ack reader ----------------------------------------------------------------------------

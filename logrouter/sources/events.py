@@ -72,6 +72,7 @@ _UTC_NS = pa.timestamp("ns", "UTC")
 _COLUMN_MIN = 64  # below this many events Arrow's fixed cost per call outweighs the loop
 _STAMP = itemgetter("@timestamp")
 _STRING = pa.string()
+_STR_ONLY = {str}
 
 
 def _stamp_times(records: list[dict[str, Any]]) -> list[int] | None:
@@ -88,15 +89,16 @@ def _stamp_times(records: list[dict[str, Any]]) -> list[int] | None:
     if len(records) < _COLUMN_MIN:
         return None
     try:
-        # Arrow's inference is the type check: it refuses numbers, lists and objects
-        # among strings, gives bytes a binary type and None a null (str subclasses,
-        # which no decoder of these records makes, would pass as str).
-        array = pa.array(list(map(_STAMP, records)))
-    except (KeyError, pa.ArrowException, UnicodeError, OverflowError):
-        # UnicodeError: a lone surrogate ("\ud800"); OverflowError: an int beyond 64 bits
-        # before the first str (Arrow then tries to make the column int64)
+        stamps = list(map(_STAMP, records))
+    except KeyError:
         return None
-    if array.type != _STRING or array.null_count:
+    # The types first: Arrow would take bytes as strings, and inferring a type from a
+    # deeply nested list recurses far deeper in C++ than decoding it did.
+    if set(map(type, stamps)) != _STR_ONLY:
+        return None
+    try:
+        array = pa.array(stamps, _STRING)
+    except (pa.ArrowException, UnicodeError):  # a lone surrogate (from a "\ud800" escape)
         return None
     lengths = pc.min_max(pc.utf8_length(array))
     if lengths["min"].as_py() < 22 or lengths["max"].as_py() > 30 or not pc.all(pc.ends_with(array, "Z")).as_py():
