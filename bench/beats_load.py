@@ -260,6 +260,7 @@ class Relay:
         self.acked_events = 0
         self.windows = 0
         self.keepalives = 0
+        self.ack_latencies: list[float] = []  # s from a whole window forwarded to its final ACK
         self.forwarded_events = 0
         self.forwarded_bytes = 0  # on the wire
         self.json_bytes = 0  # of the J frames the relay looked into
@@ -295,7 +296,7 @@ class Relay:
             self.errors.append(f"connecting to the daemon: {e!r}")
             client_writer.close()
             return
-        conn = {"outstanding": collections.deque(), "writers": (client_writer, daemon_writer)}
+        conn = {"outstanding": collections.deque(), "sent_at": collections.deque(), "writers": (client_writer, daemon_writer)}
         self.connections.append(conn)
         up = asyncio.ensure_future(self.upstream(client_reader, daemon_writer, conn))
         down = asyncio.ensure_future(self.downstream(daemon_reader, client_writer, conn))
@@ -324,6 +325,7 @@ class Relay:
                     await client.drain()
                     continue
                 conn["outstanding"].extend(sizes)
+                conn["sent_at"].extend([time.monotonic()] * len(sizes))
                 self.forwarded_events += sum(sizes)
                 self.forwarded_bytes += len(whole)
                 self.json_bytes += splitter.json_bytes
@@ -334,7 +336,7 @@ class Relay:
 
     async def downstream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, conn: dict) -> None:
         buffer = b""
-        outstanding = conn["outstanding"]
+        outstanding, sent_at = conn["outstanding"], conn["sent_at"]
         while True:
             data = await reader.read(1 << 16)
             if not data:
@@ -356,6 +358,7 @@ class Relay:
                 if seq == outstanding[0]:  # the window's final ACK; a smaller one is partial
                     self.acked_events += outstanding.popleft()
                     self.windows += 1
+                    self.ack_latencies.append(time.monotonic() - sent_at.popleft())
             buffer = buffer[end:]
             self.check_drained()
 
@@ -578,6 +581,11 @@ def main() -> None:
         print(f"  {run.fsyncs / elapsed:,.1f} fsyncs/s, peak RSS {run.rss_mb:,.0f} MiB, "
               f"graceful stop {run.stop_secs:.1f}s (exit {run.exit_code})")
         print(run.sink_line())
+        if relay.ack_latencies:
+            ordered = sorted(relay.ack_latencies)
+            at = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e3  # noqa: E731
+            print(f"  window ack latency (forwarded to final ACK, at the relay): median {at(0.5):.1f} ms, "
+                  f"p90 {at(0.9):.1f} ms, p99 {at(0.99):.1f} ms, max {ordered[-1] * 1e3:.1f} ms")
         million = acked / 1e6 if acked else float("nan")
         checked = "every C frame inflated" if args.verify_frames else "first window per connection inflated"
         print(f"  senders' CPU {load.sender_cpu:,.1f} s ({load.sender_cpu / million:,.2f} s per million), "
