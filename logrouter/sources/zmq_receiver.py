@@ -40,6 +40,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from logrouter.serial import clean_failure
 from logrouter.wire.errors import detached
 
 SUB = "sub"
@@ -195,8 +196,7 @@ class ZmqReceiver:
             self._loop(sockets)
         except Exception:  # noqa: BLE001 - a bug here must be seen, and must not hang stop()
             # Taken here: on the reactor thread there is no current exception to log.
-            failure = Failure()
-            failure.cleanFailure()
+            failure = clean_failure(Failure())
             self.reactor.callFromThread(self.log.failure, "ZeroMQ receiver thread of {name} failed", failure,
                                         name=self.name)
         finally:
