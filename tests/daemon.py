@@ -22,8 +22,19 @@ TWISTD = Path(sys.executable).parent / "twistd"
 
 
 class Daemon:
-    def __init__(self, workdir: Path, config_text: str) -> None:
+    """``twistd`` is this venv's unless given; ``env`` replaces the environment, whose
+    default puts this checkout first on ``PYTHONPATH`` (the code under test)."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        config_text: str,
+        twistd: Path = TWISTD,
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.workdir = Path(workdir)
+        self.twistd = Path(twistd)
+        self.env = dict(os.environ, PYTHONPATH=str(REPO)) if env is None else dict(env)
         self.config = self.workdir / "logrouter.toml"
         self.config.write_text(config_text)
         self.lines: list[str] = []
@@ -31,9 +42,9 @@ class Daemon:
         self.process: subprocess.Popen | None = None
 
     def start(self, wait_for: str = r"logrouter running", timeout: float = 60) -> "Daemon":
-        env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+        env = dict(self.env, PYTHONUNBUFFERED="1")
         self.process = subprocess.Popen(
-            [str(TWISTD), "--nodaemon", "--pidfile=", "logrouter", "--config", str(self.config)],
+            [str(self.twistd), "--nodaemon", "--pidfile=", "logrouter", "--config", str(self.config)],
             cwd=self.workdir,
             env=env,
             stdout=subprocess.PIPE,
