@@ -90,16 +90,30 @@ def test_concurrent_updates_lose_no_column(tmp_path):
     assert [n for n, _ in data_columns(read_table_schema(LocalFileSystem(), root))] == ["base", "mine", "theirs"]
 
 
-def test_ddl_for_spark_and_trino(tmp_path, capsys):
+def test_ddl_for_spark_hive_and_trino(tmp_path, capsys):
     root = tmp_path / "lake"
     write(root, "a", "t", [{"n": 1, "we`ird": "x", "f": 0.5, "b": True, "raw": b"1"}])
+    columns = (
+        "  `time` TIMESTAMP,\n  `n` BIGINT,\n  `we``ird` STRING,\n"
+        "  `f` DOUBLE,\n  `b` BOOLEAN,\n  `raw` BINARY,\n  `_extra` STRING"
+    )
+    # spark (the default): a data source table, which Spark takes without Hive support
     assert cli_main(["lake", "ddl", "--path", str(root), "--table", "logs"]) == 0
     out = capsys.readouterr().out
-    assert f"LOCATION 'file://{root}'" in out
-    assert "CREATE EXTERNAL TABLE IF NOT EXISTS logs (\n  `time` TIMESTAMP,\n  `n` BIGINT,\n  `we``ird` STRING,\n" in out
-    assert "  `f` DOUBLE,\n  `b` BOOLEAN,\n  `raw` BINARY,\n  `_extra` STRING\n)\n" in out
-    assert "PARTITIONED BY (`tag` STRING, `dt` STRING, `hour` INT)\nSTORED AS PARQUET\n" in out
-    assert "MSCK REPAIR TABLE logs;" in out
+    assert out.endswith(
+        f"CREATE TABLE IF NOT EXISTS logs (\n{columns},\n  `tag` STRING,\n  `dt` STRING,\n  `hour` INT\n)\n"
+        f"USING parquet\nPARTITIONED BY (`tag`, `dt`, `hour`)\nLOCATION 'file://{root}';\n"
+        "MSCK REPAIR TABLE logs;\n"
+    ), out
+    assert "EXTERNAL" not in out and "STORED AS" not in out
+    # hive: Hive's own form (Hive, or Spark with Hive support)
+    assert cli_main(["lake", "ddl", "--path", str(root), "--table", "logs", "--dialect", "hive"]) == 0
+    out = capsys.readouterr().out
+    assert out.endswith(
+        f"CREATE EXTERNAL TABLE IF NOT EXISTS logs (\n{columns}\n)\n"
+        "PARTITIONED BY (`tag` STRING, `dt` STRING, `hour` INT)\nSTORED AS PARQUET\n"
+        f"LOCATION 'file://{root}';\nMSCK REPAIR TABLE logs;\n"
+    ), out
     trino = create_table(read_table_schema(LocalFileSystem(), str(root)), "hdfs://nn:8020/logs", "logs", "trino")
     assert "partitioned_by = ARRAY['tag', 'dt', 'hour']" in trino and "external_location = 'hdfs://nn:8020/logs'" in trino
     assert '"hour" integer\n)' in trino and '"n" bigint' in trino

@@ -1,11 +1,17 @@
-"""``logrouter lake ddl``: the lake's table definition for Spark SQL / Hive and Trino.
+"""``logrouter lake ddl``: the lake's table definition for Spark SQL, Hive and Trino.
 
-Owns turning the lake's table schema (``_common_metadata``, table.py) into a
-``CREATE EXTERNAL TABLE … PARTITIONED BY (tag, dt, hour) STORED AS PARQUET LOCATION …``
-(Spark SQL with Hive support, Hive) or a Trino Hive-connector ``CREATE TABLE … WITH
-(external_location …)``, each followed by the statement that registers the partitions
-already in the lake. ``--rebuild`` first adds the columns of every file's footer to the
-table (for lakes written before the table schema existed).
+Owns turning the lake's table schema (``_common_metadata``, table.py) into, per dialect:
+
+- ``spark``: a Spark data source table, ``CREATE TABLE … USING parquet PARTITIONED BY
+  (tag, dt, hour) LOCATION …``, which any Spark session takes, with or without Hive
+  support (Spark refuses Hive-format DDL without it);
+- ``hive``: a Hive table, ``CREATE EXTERNAL TABLE … PARTITIONED BY (…) STORED AS PARQUET
+  LOCATION …`` (Hive itself, or Spark with Hive support);
+- ``trino``: a Trino Hive-connector ``CREATE TABLE … WITH (external_location …)``;
+
+each followed by the statement that registers the partitions already in the lake.
+``--rebuild`` first adds the columns of every file's footer to the table (for lakes
+written before the table schema existed).
 """
 
 from __future__ import annotations
@@ -91,11 +97,22 @@ def create_table(schema: pa.Schema, location: str, table: str = "logs", dialect:
     if dialect not in ("spark", "hive"):
         raise ValueError(f"unknown dialect {dialect!r} (one of: {', '.join(DIALECTS)})")
     columns = [f"  {_backquoted(f.name)} {_spark_type(f.type)}" for f in data]
-    partitions = ", ".join(f"{_backquoted(name)} {_spark_type(partition.get(name, pa.string()))}" for name in PARTITION_COLUMNS)
+    typed_keys = [f"{_backquoted(name)} {_spark_type(partition.get(name, pa.string()))}" for name in PARTITION_COLUMNS]
+    # The partitions already in the lake are not in the catalog until this runs (Spark
+    # tracks a data source table's partitions in its catalog too).
+    repair = f"MSCK REPAIR TABLE {table};\n"
+    if dialect == "hive":
+        return (
+            f"CREATE EXTERNAL TABLE IF NOT EXISTS {table} (\n" + ",\n".join(columns) + "\n)\n"
+            f"PARTITIONED BY ({', '.join(typed_keys)})\nSTORED AS PARQUET\nLOCATION {_string(location)};\n" + repair
+        )
+    # A data source table declares its partition columns with the others and names them
+    # in PARTITIONED BY; with a LOCATION it is external (DROP TABLE leaves the lake).
+    columns += [f"  {key}" for key in typed_keys]
+    keys = ", ".join(_backquoted(name) for name in PARTITION_COLUMNS)
     return (
-        f"CREATE EXTERNAL TABLE IF NOT EXISTS {table} (\n" + ",\n".join(columns) + "\n)\n"
-        f"PARTITIONED BY ({partitions})\nSTORED AS PARQUET\nLOCATION {_string(location)};\n"
-        f"MSCK REPAIR TABLE {table};\n"
+        f"CREATE TABLE IF NOT EXISTS {table} (\n" + ",\n".join(columns) + "\n)\n"
+        f"USING parquet\nPARTITIONED BY ({keys})\nLOCATION {_string(location)};\n" + repair
     )
 
 
@@ -109,14 +126,21 @@ def _footers(fs: Any, root: str):
 
 
 def add_parser(commands: Any) -> None:
-    lake = commands.add_parser("lake", help="the lake's table: `lake ddl` prints its CREATE TABLE for Spark SQL / Hive / Trino")
+    lake = commands.add_parser("lake", help="the lake's table: `lake ddl` prints its CREATE TABLE for Spark SQL, Hive or Trino")
     actions = lake.add_subparsers(dest="lake_command", required=True)
     ddl = actions.add_parser("ddl", help="print the table definition of a lake (from its _common_metadata)")
     ddl.add_argument("--config", "-c", default=None, help="config file: the lake of its (first, or --sink) parquet sink")
     ddl.add_argument("--sink", default=None, help="the parquet sink whose lake to describe")
     ddl.add_argument("--path", default=None, help="lake root (path, file://, hdfs://) instead of a config")
     ddl.add_argument("--table", default="logs", help="table name (default: logs)")
-    ddl.add_argument("--dialect", choices=DIALECTS, default="spark", help="spark (Spark SQL, Hive) or trino (Hive connector)")
+    ddl.add_argument(
+        "--dialect",
+        choices=DIALECTS,
+        default="spark",
+        help="spark (default: a Spark SQL data source table, USING parquet; any Spark session), "
+        "hive (CREATE EXTERNAL TABLE … STORED AS PARQUET: Hive, or Spark with Hive support) "
+        "or trino (Hive connector)",
+    )
     ddl.add_argument("--location", default=None, help="LOCATION to print (default: the lake URL)")
     ddl.add_argument("--rebuild", action="store_true", help="first add every file's columns to the table (older lakes)")
 
