@@ -3,13 +3,17 @@ refused at config load with the key path and why, and a value that would make Py
 backtracking ``re`` run for hours (``^(?P<word>(a+)+)$`` against 40 ``a`` and a ``b``)
 goes through every filter that matches one at once.
 
-The pathological cases are bounded by pytest-timeout's ``thread`` method: a match stuck
-in ``re``'s C loop never returns to the interpreter, so a signal could not stop it.
+The pathological cases are bounded by ``faulthandler``'s watchdog, not pytest-timeout: a
+match stuck in ``re``'s C loop holds the GIL and never returns to the interpreter, so
+neither a signal handler nor pytest-timeout's timer thread would ever run. The watchdog
+is a C thread: past the bound it prints every thread's stack and ends the test process.
 (``logrouter.regex`` itself: tests/test_regex.py.)
 """
 
 from __future__ import annotations
 
+import faulthandler
+import os
 import textwrap
 
 import pytest
@@ -26,7 +30,24 @@ from test_filters import make, records
 
 EVIL_PATTERN = r"^(?P<word>(a+)+)$"
 EVIL_VALUE = "a" * 40 + "b"  # 41 bytes; Python's re takes ~2**40 steps to give up
-BOUNDED = pytest.mark.timeout(30, method="thread")
+BOUND_SECS = 60
+
+
+@pytest.fixture
+def bounded(request):
+    # The stacks go to the terminal's stderr, not to pytest's capture (lost on exit).
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    if capture is not None:
+        capture.suspend_global_capture(in_=True)
+    try:
+        stderr = os.dup(2)
+    finally:
+        if capture is not None:
+            capture.resume_global_capture()
+    faulthandler.dump_traceback_later(BOUND_SECS, exit=True, file=stderr)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+    os.close(stderr)
 
 
 def config_errors(filter_toml: str) -> list[str]:
@@ -118,8 +139,7 @@ def test_config_refuses_a_lookahead_in_a_route_condition():
 # --- the 41-byte event through every filter that runs a user pattern --------------------------
 
 
-@BOUNDED
-def test_parse_regex_gives_up_on_the_pathological_value_at_once():
+def test_parse_regex_gives_up_on_the_pathological_value_at_once(bounded):
     f, errors = make(ParseRegexFilter, pattern=EVIL_PATTERN)
     out = f.process(Batch("app", [(1, {"message": EVIL_VALUE}), (2, {"message": "aaaa"})]))
     assert records(out) == [
@@ -129,15 +149,13 @@ def test_parse_regex_gives_up_on_the_pathological_value_at_once():
     assert errors.calls == []
 
 
-@BOUNDED
-def test_grep_gives_up_on_the_pathological_value_at_once():
+def test_grep_gives_up_on_the_pathological_value_at_once(bounded):
     f, _ = make(GrepFilter, field="message", exclude=EVIL_PATTERN)
     out = f.process(Batch("app", [(1, {"message": EVIL_VALUE}), (2, {"message": "aaaa"})]))
     assert records(out) == [{"message": EVIL_VALUE}]
 
 
-@BOUNDED
-def test_a_condition_gives_up_on_the_pathological_value_at_once():
+def test_a_condition_gives_up_on_the_pathological_value_at_once(bounded):
     condition = Condition(f'message =~ "{EVIL_PATTERN}" or message !~ "{EVIL_PATTERN}"')
     assert condition({"message": EVIL_VALUE})
     f, _ = make(DropFilter, condition=f'message =~ "{EVIL_PATTERN}"')
@@ -145,8 +163,7 @@ def test_a_condition_gives_up_on_the_pathological_value_at_once():
     assert records(out) == [{"message": EVIL_VALUE}]
 
 
-@BOUNDED
-def test_a_tag_pattern_with_many_double_stars_against_a_long_tag():
+def test_a_tag_pattern_with_many_double_stars_against_a_long_tag(bounded):
     # ".*a.*a.*a.*a.*a.*a.*b": polynomial (n**7) backtracking in re for a tag without a b.
     matches = compile_tag_pattern("**a**a**a**a**a**a**b")
     assert not matches("a" * 300)
