@@ -24,6 +24,7 @@ as the three bytes ``surrogatepass`` makes of it, and group values come back the
 
 from __future__ import annotations
 
+import re
 from typing import Callable
 
 import re2
@@ -40,6 +41,8 @@ _OPERATORS = {
     "(?<!": "negative lookbehind (?<!...)",
     "(?>": "atomic groups (?>...)",
 }
+#: a named group's opening, or an escape (skipped, so ``\\(?P<a>`` is no group)
+_GROUP_NAME = re.compile(r"\\.|\(\?P?<(\w+)>", re.S)
 _LINEAR = "RE2 matches in linear time: no backreferences, lookaround, atomic groups or possessive repetition"
 
 
@@ -89,6 +92,11 @@ class Regex:
         compiled = _re2.RE2(pattern.encode("utf-8", "surrogatepass"), _options())
         if not compiled.ok():
             raise RegexError(f"not a valid regular expression: {_explain(pattern, compiled.error().decode('utf-8', 'replace'))}")
+        # RE2 takes a group name twice and answers for the first only; Python refuses it.
+        named = [name for name in _GROUP_NAME.findall(pattern) if name]
+        twice = sorted({name for name in named if named.count(name) > 1})
+        if twice:
+            raise RegexError(f"not a valid regular expression: group name {twice[0]!r} is used twice")
         self.pattern = pattern
         self._re2 = compiled
         self._groups = sorted((index, name.decode("utf-8", "surrogatepass")) for name, index in compiled.NamedCapturingGroups())

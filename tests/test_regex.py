@@ -22,6 +22,7 @@ from logrouter import regex
     (r"(?x) a b", "(?x) verbose mode is not supported"),
     (r"a{1001}", "invalid repetition size"),
     ("(", "missing )"),
+    (r"(?P<a>x)|(?P<a>y)", "group name 'a' is used twice"),
 ])
 def test_what_re2_cannot_compile_is_refused_with_the_reason(pattern, words):
     with pytest.raises(regex.RegexError) as info:
