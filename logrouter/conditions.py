@@ -26,8 +26,10 @@ Semantics are total: evaluating never raises, whatever the record holds.
   field equals ``null``.
 * ``<`` ``<=`` ``>`` ``>=`` hold only between two numbers or two strings; anything else
   (missing, null, another type) is false — so ``not (a < 5)`` is true for a missing ``a``.
-* ``=~`` is ``re.search``; numbers and booleans are matched as their text (booleans as
-  ``true``/``false``), bytes as UTF-8; missing, null, tables and arrays never match.
+* ``=~`` is a regex search (``logrouter.regex``: RE2, linear time; a pattern RE2 cannot
+  compile, such as one with a backreference or lookaround, is a ``ConditionError``);
+  numbers and booleans are matched as their text (booleans as ``true``/``false``), bytes
+  as UTF-8; missing, null, tables and arrays never match.
   ``!~`` is its negation (true for a missing field), like ``grep``'s ``exclude``.
 * ``exists(f)`` is true when the field is present, even if null.
 * ``in [..]`` is ``==`` against any of the listed strings or numbers.
@@ -42,7 +44,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable
 
-from logrouter import paths
+from logrouter import paths, regex
 from logrouter.batch import Event
 
 Test = Callable[[dict[str, Any]], bool]
@@ -238,10 +240,10 @@ class _Parser:
             if right.kind != "literal" or not isinstance(right.value, str):
                 raise self.error(right, f"{op.value} takes a regular expression in a string, found {right.describe()}")
             try:
-                regex = re.compile(right.value)
-            except re.error as e:
-                raise self.error(right, f"not a valid regular expression: {e}") from None
-            test = _regex(left.value, regex.search)
+                search = regex.compile(right.value).searcher()
+            except regex.RegexError as e:
+                raise self.error(right, str(e)) from None
+            test = _regex(left.value, search)
             if op.value == "!~":
                 return lambda record: not test(record)
             return test
@@ -360,7 +362,7 @@ def _order(path: paths.Path, op: str, value: Any) -> Test:
     return lambda record: (v := get(record)).__class__ in kinds and v >= value
 
 
-def _regex(path: paths.Path, search: Callable[[str], Any]) -> Test:
+def _regex(path: paths.Path, search: Callable[[str], bool]) -> Test:
     key = path[0] if len(path) == 1 else None
     get = paths.getter(path)
 
@@ -370,7 +372,7 @@ def _regex(path: paths.Path, search: Callable[[str], Any]) -> Test:
             if v is None or isinstance(v, (dict, list)):
                 return False
             v = _as_text(v)
-        return search(v) is not None
+        return search(v)
 
     return test
 

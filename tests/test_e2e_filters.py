@@ -10,11 +10,14 @@ error-level logs routed to a lake path of their own, and everything that failed 
 from __future__ import annotations
 
 import json
+import socket
 
+import msgpack
 from fluent import sender
 
 from daemon import Daemon
-from helpers import lake_column, wait_until
+from helpers import lake_column, read_lake, wait_until
+from logrouter.wire.fluent_forward import encode_packed_forward
 
 CONFIG = """
 [router]
@@ -185,3 +188,66 @@ def test_a_parsing_dropping_sampling_throttling_pipeline_into_a_file_sink(tmp_pa
     assert sorted(errors) == [0, 1, 2, 3, 4]
     assert not any(e["record"].get("level") == "error" for e in out)
     assert not list((tmp_path / "out" / "_staging").rglob("*.jsonl"))
+
+
+# --- a pathological regex value (issue 28) -----------------------------------------------------
+
+BACKTRACKING_CONFIG = """
+[router]
+workers = 1
+
+[spool]
+path = "spool"
+
+[sources.forward]
+type = "fluent_forward"
+listen = "tcp:0:interface=127.0.0.1"
+
+[filters.words]
+type = "parse_regex"
+inputs = ["forward"]
+pattern = '^(?P<word>(a+)+)$'
+
+[sinks.lake]
+type = "parquet"
+inputs = ["words"]
+path = "lake"
+roll_secs = 0.5
+"""
+
+
+def _send_chunk(sock, chunk_id, records):
+    events = [(T0 * 10**9 + i, r) for i, r in enumerate(records)]
+    sock.sendall(encode_packed_forward("words", events, {"size": len(events), "chunk": chunk_id}))
+
+
+def _ack_of(sock):
+    unpacker = msgpack.Unpacker(raw=False)
+    while True:
+        data = sock.recv(4096)  # the socket's timeout bounds the wait
+        assert data, "connection closed without an ack"
+        unpacker.feed(data)
+        for reply in unpacker:
+            return reply["ack"]
+
+
+def test_a_value_that_makes_a_regex_backtrack_costs_nothing_and_stops_no_one(tmp_path):
+    # Python's re takes ~2**40 steps on it; in RE2 it is one linear pass.
+    evil = "a" * 40 + "b"
+    with Daemon(tmp_path, BACKTRACKING_CONFIG) as daemon:
+        daemon.start()
+        port = daemon.port("forward")
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as bad, \
+                socket.create_connection(("127.0.0.1", port), timeout=30) as good:
+            _send_chunk(bad, "evil", [{"message": evil}])
+            for i in range(3):  # a normal sender on the same (only) worker, after it
+                _send_chunk(good, f"good-{i}", [{"message": "a" * (i + 1)}, {"message": f"hello {i}"}])
+                assert _ack_of(good) == f"good-{i}"
+            assert _ack_of(bad) == "evil"
+        daemon.stop_gracefully()
+    rows = read_lake(tmp_path / "lake")
+    by_message = {row["message"]: row for row in rows}
+    assert len(rows) == 7 and len(by_message) == 7
+    assert by_message[evil]["_parse_error"] == "parse_regex: the pattern does not match"
+    assert [by_message["a" * n]["word"] for n in (1, 2, 3)] == ["a", "aa", "aaa"]
+    assert all(by_message[f"hello {i}"]["_parse_error"] for i in range(3))

@@ -5,6 +5,8 @@
   on ``/metrics`` under the device; DEALER agents get ``202 Accepted`` from the ROUTER.
 * Round trip: router A takes PUSH agents' messages and republishes them with its
   ``logjam`` sink; router B's ``logjam`` source subscribes to A and lands them.
+* Ten 30 MiB messages a DEALER sends together: each accepted and landed, although
+  together they are more than one spool record holds.
 
 The real logjam producer (logjam-tools' Go http-forwarder) is tested in
 ``test_logjam_producer.py`` where it can be built (see the README's logjam section).
@@ -15,11 +17,13 @@ from __future__ import annotations
 import collections
 import re
 
+import pyarrow.compute as pc
 import pytest
 import zmq
 
 from daemon import Daemon
 from helpers import lake_column, wait_until
+from logrouter.lake.dataset import lake_dataset
 from logrouter.wire import logjam as wire
 
 pytestmark = pytest.mark.timeout(300)
@@ -155,3 +159,41 @@ compression = "snappy"
         assert "logjam_app" not in str(lake_column(lake, "_extra")), "the metadata is not in the body sent"
     finally:
         push.close(0)
+
+
+def test_large_messages_that_arrive_together_are_each_accepted(tmp_path) -> None:
+    # Ten 30 MiB messages (each under max_decompressed_bytes) arrive together: 300 MiB,
+    # more than one spool record holds. Each gets 202 and lands; none is refused for
+    # the company it arrived in. The body is three 10 MiB fields (a few large strings
+    # keep both processes' memory near the bytes), compressed once: the agents' frames
+    # are small, and ZeroMQ hands all ten to one read.
+    field = 10 << 20
+    body = b'{"a":"' + b"a" * field + b'","b":"' + b"b" * field + b'","c":"' + b"c" * field + b'"}'
+    compressed = wire.compress_body(body, wire.ZLIB_COMPRESSION)
+    del body
+    dealer = CTX.socket(zmq.DEALER)
+    try:
+        with Daemon(tmp_path, config('listen_router = "tcp://127.0.0.1:*"\n')) as daemon:
+            daemon.start()
+            dealer.setsockopt(zmq.LINGER, 0)
+            dealer.connect(bound(daemon, "ROUTER"))
+            for n in range(1, 11):
+                meta = wire.encode_meta(wire.Meta(wire.ZLIB_COMPRESSION, 5, 1_700_000_000_000, n))
+                dealer.send_multipart([b"", b"big-prod", b"logs", compressed, meta])
+            replies = []
+            while len(replies) < 10 and dealer.poll(60_000):
+                replies.append(dealer.recv_multipart())
+            assert replies == [[b"big-prod", b"202 Accepted"]] * 10
+            daemon.stop_gracefully()
+        lake = lake_dataset(str(tmp_path / "lake"))
+        shape = lake.to_table(columns={
+            "sequence": pc.field("logjam_sequence"),
+            **{name: pc.binary_length(pc.field(name)) for name in "abc"},
+            **{f"{name}_ends": pc.binary_join_element_wise(
+                pc.utf8_slice_codeunits(pc.field(name), 0, 1), pc.utf8_slice_codeunits(pc.field(name), field - 1, field), ""
+            ) for name in "abc"},
+        }).to_pylist()
+        assert sorted(row["sequence"] for row in shape) == list(range(1, 11))
+        assert all(row[name] == field and row[f"{name}_ends"] == name * 2 for row in shape for name in "abc"), shape
+    finally:
+        dealer.close(0)

@@ -1,7 +1,7 @@
 """The ``grep`` filter: keeps or drops records by a regular expression on one field.
 
 Semantics follow Fluentd's grep filter: ``include`` keeps records whose field matches
-(``re.search``), ``exclude`` drops records whose field matches; with both, a record must
+(a search: RE2, ``logrouter.regex``), ``exclude`` drops records whose field matches; with both, a record must
 match ``include`` and not ``exclude``. A record without the field (or with a null value)
 never passes ``include`` and always passes ``exclude``. Instead of a field and regexes,
 ``condition`` (``logrouter.conditions``) keeps the records it is true for.
@@ -9,23 +9,15 @@ never passes ``include`` and always passes ``exclude``. Instead of a field and r
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
-from logrouter import conditions, registry
+from logrouter import conditions, regex, registry
 from logrouter.batch import Batch, Event
 from logrouter.config.options import Option
 from logrouter.errors import ErrorPath
 from logrouter.filters.common import narrowed
 from logrouter.filters.drop import evaluate
 from logrouter.filters.fields import field_getter, parse_field_path
-
-
-def _check_regex(value: str) -> None:
-    try:
-        re.compile(value)
-    except re.error as exc:
-        raise ValueError(f"not a valid regular expression: {exc}") from None
 
 
 def _check_field(value: str) -> None:
@@ -48,21 +40,21 @@ class GrepFilter:
 
     OPTIONS = {
         "field": Option(str, default=None, doc="a top-level key, or a path `$.a.b` / `$['a']['b']` / `$.tags[-1]`; with `include` / `exclude`", check=_check_field),
-        "include": Option(str, default=None, doc="regex: a record passes only if its field matches (`re.search`; a missing or null field does not)", check=_check_regex),
-        "exclude": Option(str, default=None, doc="regex: a record whose field matches is dropped (a missing or null field does not match)", check=_check_regex),
+        "include": Option(str, default=None, doc="regex (RE2 syntax, see Regexes): a record passes only if its field matches somewhere (a missing or null field does not)", check=regex.check),
+        "exclude": Option(str, default=None, doc="regex (RE2 syntax): a record whose field matches is dropped (a missing or null field does not match)", check=regex.check),
         "condition": Option(str, default=None, doc="instead of `field`/`include`/`exclude`: records it is true for pass (see Conditions)", check=conditions.check),
     }
 
     @classmethod
     def check_options(cls, options: dict[str, Any]) -> list[str]:
-        regex = options.get("include") is not None or options.get("exclude") is not None
+        has_regex = options.get("include") is not None or options.get("exclude") is not None
         if options.get("condition") is not None:
-            if regex or options.get("field") is not None:
+            if has_regex or options.get("field") is not None:
                 return ["condition: set either condition or field with include/exclude, not both"]
             return []
         if options.get("field") is None:
             return ["field: required key is missing (or set condition)"]
-        if not regex:
+        if not has_regex:
             return ["include or exclude must be set"]
         return []
 
@@ -81,8 +73,8 @@ class GrepFilter:
         # A top-level key is read inline in the loop: a call per event costs a third more.
         self._key = path[0] if len(path) == 1 else None
         include, exclude = options.get("include"), options.get("exclude")
-        self._include = re.compile(include).search if include is not None else None
-        self._exclude = re.compile(exclude).search if exclude is not None else None
+        self._include = regex.compile(include).searcher() if include is not None else None
+        self._exclude = regex.compile(exclude).searcher() if exclude is not None else None
 
     def process(self, batch: Batch) -> Batch | None:
         if self._condition is not None:
@@ -100,9 +92,7 @@ class GrepFilter:
                 else:
                     if value.__class__ is not str:
                         value = as_text(value)
-                    keep = (include is None or include(value) is not None) and (
-                        exclude is None or exclude(value) is None
-                    )
+                    keep = (include is None or include(value)) and (exclude is None or not exclude(value))
             except Exception as exc:
                 self.errors(self.name, batch.tag, event[1], f"{type(exc).__name__}: {exc}")
                 continue

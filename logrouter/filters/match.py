@@ -5,7 +5,9 @@ Tags are dot-separated parts. In a pattern ``*`` matches within one part (``a.*`
 matches ``a``, ``a.b`` and ``a.b.c``), ``{x,y}`` matches any of its alternatives (which may
 be patterns themselves), ``\\`` escapes the next character and everything else is literal.
 Several patterns, in a list or separated by spaces as in Fluentd's ``<match a b>``, match
-a tag when any of them does. ``compile_tag_pattern`` is the reusable part (``route``).
+a tag when any of them does. ``compile_tag_pattern`` is the reusable part (``throttle``).
+The regex a pattern becomes runs in RE2 (``logrouter.regex``), like every pattern a user
+writes: ``**a**a**a**b`` against a long tag would take Python's ``re`` polynomial time.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any, Callable, Iterable
 
-from logrouter import registry
+from logrouter import regex, registry
 from logrouter.batch import Batch
 from logrouter.config.options import Option
 from logrouter.errors import ErrorPath
@@ -56,7 +58,7 @@ def glob_to_regex(pattern: str) -> str:
         if c == "\\":
             if i + 1 == n:
                 raise ValueError(f"tag pattern {pattern!r} ends with a lone backslash")
-            out[-1] += re.escape(pattern[i + 1])
+            out[-1] += re.escape(pattern[i + 1])  # what re.escape writes, RE2 reads as the same literal
             i += 1
         elif c == ".":
             dot = True
@@ -88,14 +90,13 @@ def compile_tag_pattern(patterns: str | Iterable[str]) -> Callable[[str], bool]:
     parts = split_patterns(patterns)
     if not parts:
         raise ValueError("no tag pattern given")
-    regex = re.compile("|".join(f"(?:{glob_to_regex(p)})" for p in parts), re.DOTALL)
-    fullmatch = regex.fullmatch
+    fullmatch = regex.compile("(?s)" + "|".join(f"(?:{glob_to_regex(p)})" for p in parts)).full_matcher()
     cache: dict[str, bool] = {}
 
     def matches(tag: str) -> bool:
         result = cache.get(tag)
         if result is None:
-            result = fullmatch(tag) is not None
+            result = fullmatch(tag)
             if len(cache) >= TAG_CACHE_SIZE:
                 cache.clear()
             cache[tag] = result
@@ -110,10 +111,9 @@ def check_tag_patterns(value: Any) -> None:
     for i, item in enumerate(items):
         if not isinstance(item, str):
             raise ValueError(f"item {i} must be a string, got {item!r}")
-    for pattern in split_patterns(items):
-        glob_to_regex(pattern)
     if not split_patterns(items):
         raise ValueError("must name at least one tag pattern")
+    compile_tag_pattern(items)  # a malformed one raises; so does one too large for RE2
 
 
 @registry.filter("match")

@@ -11,12 +11,11 @@ changed: a parsed record is a new dict.
 from __future__ import annotations
 
 import json
-import re
 from typing import Any, Callable
 
 from logrouter.wire import json_text
 
-from logrouter import paths, registry
+from logrouter import paths, regex, registry
 from logrouter.batch import Batch, Event
 from logrouter.config.options import Option
 from logrouter.errors import ErrorPath
@@ -146,11 +145,7 @@ _BOOLS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no"
 
 
 def _check_pattern(value: str) -> None:
-    try:
-        regex = re.compile(value)
-    except re.error as exc:
-        raise ValueError(f"not a valid regular expression: {exc}") from None
-    if not regex.groupindex:
+    if not regex.compile(value).names:
         raise ValueError("the pattern has no named group ((?P<name>...)) to make a field of")
 
 
@@ -165,14 +160,14 @@ class ParseRegexFilter(_ParseFilter):
     """Parses a field with a regex; each named group becomes a field."""
 
     OPTIONS = {
-        "pattern": Option(str, doc="regex with named groups `(?P<name>...)` (`re.search`: anchor with `^` / `$`); a group that took no part is left out", check=_check_pattern),
+        "pattern": Option(str, doc="regex (RE2 syntax, see Regexes) with named groups `(?P<name>...)`, searched for (anchor with `^` / `$`); a group that took no part is left out", check=_check_pattern),
         "types": Option(dict, {}, "group → `int`, `float`, `bool` or `string` (default); a value that does not convert is a failure", _check_types),
         **_common_options("the pattern does not match"),
     }
 
     @classmethod
     def check_options(cls, options: dict[str, Any]) -> list[str]:
-        groups = re.compile(options["pattern"]).groupindex
+        groups = regex.compile(options["pattern"]).names
         return [f"types: {name!r} is not a group of the pattern" for name in options["types"] if name not in groups]
 
     def __init__(self, name: str, options: dict[str, Any], errors: ErrorPath) -> None:
@@ -182,16 +177,13 @@ class ParseRegexFilter(_ParseFilter):
         problems = self.check_options(options)
         if problems:
             raise ValueError("; ".join(problems))
-        self._search = re.compile(options["pattern"]).search
+        self._search = regex.compile(options["pattern"]).group_searcher()
         self._types = [(group, TYPES[t]) for group, t in options["types"].items() if t != "string"]
 
     def parse(self, value: Any) -> Any:
-        m = self._search(value if value.__class__ is str else _text(value))
-        if m is None:
+        fields = self._search(value if value.__class__ is str else _text(value))
+        if fields is None:
             raise ParseFailure("the pattern does not match")
-        fields = m.groupdict()
-        if None in fields.values():
-            fields = {k: v for k, v in fields.items() if v is not None}
         for group, convert in self._types:
             text = fields.get(group)
             if text is not None:

@@ -32,6 +32,13 @@ entry that holds one (a number is ms since the epoch, as ``started_ms``; a strin
 RFC 3339, as ``started_at``), else the meta's ``created_ms``, else the arrival time. The
 tag renders ``tag`` over ``app``, ``env`` and ``topic``.
 
+What arrives together is stored per tag in batches of at most ``BATCH_BYTES`` of body
+JSON (``split_by_size``), each one spool record: a record has a size limit
+(``MAX_PAYLOAD``), and one past it would be refused whole, however valid each message in
+it. A batch the spool still refuses (an estimate that fell short, a value msgpack cannot
+hold) is stored again in halves, so ``400 Bad Request`` goes only to a message that
+cannot be stored by itself.
+
 Bad messages (wrong frame count, bad meta, unknown compression, a body over the limits or
 a decompression bomb, not a JSON object) are dropped one by one, counted per reason
 (``logrouter_logjam_dropped_messages_total``) and logged at a bounded rate; the sockets go
@@ -64,6 +71,7 @@ from logrouter.sources.events import NANOS, TagTemplate, check_tag, time_from_fi
 from logrouter.sources.sequence import DEFAULT_SILENCE_SECS, SequenceTracker, Verdict
 from logrouter.sources.stream import STREAM_OPTIONS
 from logrouter.sources.zmq_receiver import PULL, ROUTER, SUB, Received, SocketSpec, ZmqReceiver
+from logrouter.spool.segment import MAX_PAYLOAD
 from logrouter.wire import logjam as wire
 from logrouter.wire.errors import detached
 
@@ -71,6 +79,27 @@ _MAX_NS = (1 << 63) - 1
 #: how often silence is checked: the importer's heartbeat tick (5 one-second ticks)
 LIVENESS_SECS = 5.0
 _STOP_POLL_SECS = 0.05
+#: body JSON per stored batch. A JSON document packs into msgpack at most ~2.3 times its
+#: text (a short float, ``1.5,``, takes 9 bytes): an eighth of the record limit leaves
+#: room for that and the metadata fields; a batch refused anyway is split again.
+BATCH_BYTES = MAX_PAYLOAD // 8
+#: what a message adds to its batch besides its body (metadata fields, time, framing)
+MESSAGE_OVERHEAD_BYTES = 128
+
+
+def split_by_size(sizes: list[int], budget: int) -> list[tuple[int, int]]:
+    """``(start, end)`` ranges of consecutive items whose sizes add up to at most
+    ``budget``; an item bigger than the budget is a range of its own."""
+    ranges: list[tuple[int, int]] = []
+    start, total = 0, 0
+    for i, size in enumerate(sizes):
+        if total + size > budget and i > start:
+            ranges.append((start, i))
+            start, total = i, 0
+        total += size
+    if start < len(sizes):
+        ranges.append((start, len(sizes)))
+    return ranges
 
 
 class Ping:
@@ -85,17 +114,18 @@ class Ping:
 class Request:
     """A decoded ROUTER/PULL/SUB message and whether (and with what) a reply is owed."""
 
-    __slots__ = ("decoded", "reply_first")
+    __slots__ = ("decoded", "reply_first", "size")
 
-    def __init__(self, decoded: Any, reply_first: bytes | None) -> None:
+    def __init__(self, decoded: Any, reply_first: bytes | None, size: int = 0) -> None:
         self.decoded = decoded  # LogjamMessage, Heartbeat, Ping or LogjamDecodeError
         self.reply_first = reply_first  # the frame a reply echoes; None = no reply owed
+        self.size = size  # the body's JSON text, decompressed (what batches are sized by)
 
 
-def _legacy_message(frames: list[bytes], max_body_bytes: int, now_ms: int) -> wire.LogjamMessage:
+def _legacy_message(frames: list[bytes], max_body_bytes: int, now_ms: int) -> tuple[wire.LogjamMessage, int]:
     """A 3-frame PULL message of a producer from before meta-info (the device makes the meta)."""
     meta = wire.encode_meta(wire.Meta(wire.NONE, 0, now_ms, 0))
-    return wire.decode_message([*frames, meta], max_body_bytes, max_body_bytes)  # type: ignore[return-value]
+    return wire.decode_message_sized([*frames, meta], max_body_bytes, max_body_bytes)  # type: ignore[return-value]
 
 
 def _time_field_checker(value: list[Any]) -> None:
@@ -310,21 +340,24 @@ class LogjamSource(SourceBase):
                     except wire.LogjamDecodeError:
                         valid = False
                 return Request(Ping(valid), first)
-            return Request(self._decode_or_error(frames, limits), first)
+            decoded, size = self._decode_or_error(frames, limits)
+            return Request(decoded, first, size)
         if kind == PULL and len(frames) == 3:
             try:
                 now_ms = int(self.reactor.seconds() * 1000)
-                return Request(_legacy_message(frames, self.max_body_bytes, now_ms), None)
+                message, size = _legacy_message(frames, self.max_body_bytes, now_ms)
+                return Request(message, None, size)
             except wire.LogjamDecodeError as e:
                 return Request(detached(e), None)
-        return Request(self._decode_or_error(frames, limits), None)
+        decoded, size = self._decode_or_error(frames, limits)
+        return Request(decoded, None, size)
 
     @staticmethod
-    def _decode_or_error(frames: list[bytes], limits: tuple[int, int]) -> Any:
+    def _decode_or_error(frames: list[bytes], limits: tuple[int, int]) -> tuple[Any, int]:
         try:
-            return wire.decode_message(frames, *limits)
+            return wire.decode_message_sized(frames, *limits)
         except wire.LogjamDecodeError as e:
-            return detached(e)  # kept in the chunk: no traceback tying the receiver's frames to it
+            return detached(e), 0  # kept in the chunk: no traceback tying the receiver's frames to it
 
     # -- on the reactor -------------------------------------------------------------------
 
@@ -339,7 +372,8 @@ class LogjamSource(SourceBase):
     def _take(self, chunk: list[Received]) -> None:
         self.last_received = self.reactor.seconds()
         now_ns = int(self.last_received * NANOS)
-        groups: dict[str, tuple[list[Any], list[list[bytes]]]] = {}
+        # per tag: the events, the reply each owes (None: none) and its size
+        groups: dict[str, tuple[list[Any], list[list[bytes] | None], list[int]]] = {}
         specs = self.specs
         metadata_keys = self.metadata_keys
         tracker = self.tracker
@@ -365,10 +399,11 @@ class LogjamSource(SourceBase):
                 tag = self._tag_of(decoded.app, decoded.env, decoded.topic)
                 group = groups.get(tag)
                 if group is None:
-                    group = groups[tag] = ([], [])
+                    group = groups[tag] = ([], [], [])
                 group[0].append((self._time_of(decoded.body, meta.created_ms, now_ns), record))
-                if request.reply_first is not None:
-                    group[1].append([item.identity, request.reply_first, wire.ACCEPTED])
+                first = request.reply_first
+                group[1].append(None if first is None else [item.identity, first, wire.ACCEPTED])
+                group[2].append(request.size + MESSAGE_OVERHEAD_BYTES)
             elif kind is wire.Heartbeat:
                 self.heartbeats += 1
                 if spec.kind == SUB:
@@ -385,8 +420,9 @@ class LogjamSource(SourceBase):
                 self._dropped(item, spec, decoded)
                 if request.__class__ is Request and request.reply_first is not None:
                     self._bad_request(item, request.reply_first)
-        for tag, (events, replies) in groups.items():
-            self._store(Batch(tag, events, self.name, json_values=True), replies)
+        for tag, (events, replies, sizes) in groups.items():
+            for start, end in split_by_size(sizes, BATCH_BYTES):
+                self._store(tag, events[start:end], replies[start:end])
 
     def _dropped(self, item: Received, spec: SocketSpec, error: Any) -> None:
         if isinstance(error, wire.LogjamDecodeError):
@@ -394,33 +430,44 @@ class LogjamSource(SourceBase):
         else:  # a bug in decoding: still only this message's loss, but say what it was
             self.drops.drop("internal", f"{type(error).__name__}: {error} (from {spec.kind.upper()} {spec.endpoint})")
 
-    def _store(self, batch: Batch, replies: list[list[bytes]]) -> None:
-        d = self.router.ingest(batch)
+    def _store(self, tag: str, events: list[Any], replies: list[list[bytes] | None]) -> defer.Deferred:
+        """Store one batch; its ROUTER replies (``None``: none owed) leave once it is durable.
+        Fires when every message of it is stored or refused."""
+        d = self.router.ingest(Batch(tag, events, self.name, json_values=True))
         self.pending.add(d)
 
         def durable(_: Any) -> None:
-            self.pending.discard(d)
             for frames in replies:
-                self.replies_accepted += 1
-                self._send_router(frames)
+                if frames is not None:
+                    self.replies_accepted += 1
+                    self._send_router(frames)
 
-        def failed(failure: Any) -> None:
-            self.pending.discard(d)
-            self.store_failures += len(batch.events)
+        def failed(failure: Any) -> Any:
+            if failure.check(UnstorableBatch) and len(events) > 1:
+                # One message too large or unencodable must not cost the others: halves
+                # until each part is stored or is that message alone.
+                half = len(events) // 2
+                parts = [self._store(tag, events[:half], replies[:half]), self._store(tag, events[half:], replies[half:])]
+                return defer.DeferredList(parts, consumeErrors=True)
+            self.store_failures += len(events)
             if failure.check(UnstorableBatch):
                 self.log.warn(
                     "logjam source {name}: {count} message(s) tagged {tag} cannot be stored: {error}",
-                    name=self.name, count=len(batch.events), tag=batch.tag, error=failure.getErrorMessage(),
+                    name=self.name, count=len(events), tag=tag, error=failure.getErrorMessage(),
                 )
                 for frames in replies:
-                    self.replies_bad_request += 1
-                    self._send_router([frames[0], frames[1], wire.BAD_REQUEST])
+                    if frames is not None:
+                        self.replies_bad_request += 1
+                        self._send_router([frames[0], frames[1], wire.BAD_REQUEST])
             else:
                 # The disk failed: no reply, as for a message never received; the agent's
                 # own timeout says it was not accepted.
                 self.log.failure("logjam source {name}: batch could not be stored", failure, name=self.name)
+            return None
 
         d.addCallbacks(durable, failed)
+        d.addBoth(lambda _: self.pending.discard(d))
+        return d
 
     def _reply(self, item: Received, frames: list[bytes]) -> None:
         self._send_router([item.identity, *frames])

@@ -6,7 +6,9 @@ numbers in comments refer to it):
 - ``decode_message(frames)``: a data message (app-env, topic, body, meta-info) becomes a
   ``LogjamMessage``; a device heartbeat (``"heartbeat"``, ``"tcp://host:port"``, ``{}``,
   meta) becomes a ``Heartbeat``. Both carry the decoded ``Meta`` (device number and
-  sequence number are what a consumer's gap tracker needs).
+  sequence number are what a consumer's gap tracker needs). ``decode_message_sized``
+  also says how many bytes the body's JSON text had, decompressed (what a source sizes
+  its batches by).
 - ``encode_message`` / ``encode_heartbeat`` / ``encode_meta``: the other direction (a
   device-like sink, tests).
 - The ROUTER side's replies as the real device sends them (section 4, no empty delimiter
@@ -76,6 +78,7 @@ __all__ = [
     "ZLIB_COMPRESSION",
     "compress_body",
     "decode_message",
+    "decode_message_sized",
     "decode_meta",
     "decompress_body",
     "encode_accepted",
@@ -308,6 +311,16 @@ def decode_message(
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
 ) -> LogjamMessage | Heartbeat:
     """One logjam message (4 frames) as published by a device or sent by a producer."""
+    return decode_message_sized(frames, max_body_bytes, max_decompressed_bytes)[0]
+
+
+def decode_message_sized(
+    frames: Sequence[bytes],
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
+) -> tuple[LogjamMessage | Heartbeat, int]:
+    """``decode_message``, and the size of the body's JSON text once decompressed (for a
+    heartbeat, of its body frame as sent)."""
     if len(frames) != 4:
         raise LogjamDecodeError("frames", f"message has {len(frames)} frames, not 4")
     stream, topic_frame, body, meta_frame = frames
@@ -317,11 +330,11 @@ def decode_message(
     if stream == HEARTBEAT:
         endpoint = _ascii(bytes(topic_frame), "stream", "heartbeat endpoint")
         # The body is "{}" as sent; it is not decoded, a heartbeat's content is its meta.
-        return Heartbeat(endpoint, meta)
+        return Heartbeat(endpoint, meta), len(body)
     app, env = split_stream_name(bytes(stream))
     topic = _ascii(bytes(topic_frame), "topic", "topic")
     data = decompress_body(bytes(body), meta.compression, max_decompressed_bytes)
-    return LogjamMessage(app, env, topic, _json_object(data), meta)
+    return LogjamMessage(app, env, topic, _json_object(data), meta), len(data)
 
 
 def encode_message(
