@@ -1,11 +1,12 @@
 """Big forward messages are decoded off the reactor, in parts, at their sender's expense.
 
-Unit tests drive the source with StringTransport and a pool that runs each call only when
-the test says so, so every step of a message decoded in parts can be looked at: the
-connection is held while its message is worked on, other connections go on, parts are
-stored as separate batches with their own dedupe keys, the ack waits for every part, the
-router's backpressure and a part waiting for the disk hold production back, and a stop
-lets the work finish. One test runs the real ``OffloadPool`` threads.
+Unit tests drive the source with StringTransport and the real ``OffloadPool`` with a
+runner that runs each call only when the test says so, so every step of a message decoded
+in parts can be looked at: the connection is held while its message is worked on, other
+connections go on, parts are stored as separate batches with their own dedupe keys, the
+ack waits for every part, the router's backpressure and a part waiting for the disk hold
+production back, connections take turns a step at a time, a bomb is refused, and a stop
+lets the work finish within its drain and abandons it after. One test runs the real threads.
 """
 
 from __future__ import annotations
@@ -35,20 +36,21 @@ NS = 1_000_000_000
 OTHER = IPv4Address("TCP", "10.9.9.9", 50000)
 
 
-class StepPool:
-    """Runs a call only when ``step()`` is called, on the test's thread."""
+class StepRunner:
+    """An ``OffloadPool`` runner that runs a call only when ``step()`` is called, on the test's thread."""
 
     def __init__(self) -> None:
         self.calls: list = []
-        self.stopped = False
+        self.ran: list = []  # the arguments of every call run, in order
 
-    def run(self, function, *args):
+    def __call__(self, function, *args):
         d = defer.Deferred()
         self.calls.append((function, args, d))
         return d
 
     def step(self) -> None:
         function, args, d = self.calls.pop(0)
+        self.ran.append(args)
         try:
             result = function(*args)
         except Exception:
@@ -56,17 +58,44 @@ class StepPool:
         else:
             d.callback(result)
 
+
+class StepPool(OffloadPool):
+    """The real pool (queue, turns, cancelling) over a ``StepRunner``."""
+
+    def __init__(self, reactor, size: int = 2) -> None:
+        self.runner = StepRunner()
+        super().__init__(reactor, size, "test-decode", runner=self.runner)
+        self.stopped = False
+
+    @property
+    def calls(self) -> list:
+        return self.runner.calls
+
+    def step(self) -> None:
+        self.runner.step()
+
     def stop(self):
         self.stopped = True
-        return defer.succeed(None)
+        return super().stop()
 
 
 def offload_source(**overrides):
     settings = dict(offload_bytes=1000, offload_part_bytes=3000, stop_drain_secs=3)
     settings.update(overrides)
     source, router = make_source(**settings)
-    source.offload_pool = StepPool()
+    source.offload_pool = StepPool(source.reactor)
     return source, router
+
+
+def step_part(source, router) -> None:
+    """Step the pool until the message being worked on hands out its next part (or waits)."""
+    pool = source.offload_pool
+    before = len(router.batches)
+    for _ in range(10_000):
+        if len(router.batches) > before or not pool.calls:
+            return
+        pool.step()
+    raise AssertionError("no part after 10000 steps")
 
 
 def events(count: int, start: int = 0) -> list:
@@ -110,8 +139,8 @@ def test_big_message_is_worked_on_in_parts_while_its_connection_waits():
     router.calls.clear()  # all durable: only the big message's batches are looked at below
 
     pool = source.offload_pool
-    pool.step()
-    pool.step()
+    step_part(source, router)
+    step_part(source, router)
     # Two parts wait for the disk: the third is not built until the first is durable.
     assert len(router.batches) == 2 and pool.calls == []
     router.fire_pending()
@@ -211,10 +240,10 @@ def test_a_client_that_leaves_mid_message_stops_the_work():
     source, router = offload_source()
     proto, transport = connect(source)
     proto.dataReceived(BIG)
-    source.offload_pool.step()
-    assert len(router.batches) == 1
+    step_part(source, router)
+    assert len(router.batches) == 1 and len(source.offload_pool.calls) == 1
     proto.connectionLost(Failure(Exception("gone")))
-    finish_work(source, router)  # the part being built is thrown away
+    finish_work(source, router)  # the step running is finished, and what it built thrown away
     assert len(router.batches) == 1 and proto.offload is None and proto.busy is None
 
 
@@ -223,10 +252,10 @@ def test_router_backpressure_holds_the_parts_back():
     proto, _ = connect(source)
     proto.dataReceived(BIG)
     pool = source.offload_pool
-    pool.step()
+    step_part(source, router)
     assert len(router.batches) == 1 and len(pool.calls) == 1
     source.pause_reading()
-    pool.step()
+    step_part(source, router)
     router.fire_pending()
     assert len(router.batches) == 2 and pool.calls == []  # paused: nothing more is built
     source.resume_reading()
@@ -236,26 +265,49 @@ def test_router_backpressure_holds_the_parts_back():
     assert seqs(router.batches) == list(range(200)) and proto.holds == set()
 
 
-def test_a_stop_lets_a_message_being_worked_on_finish_and_be_acked():
+def test_a_stop_lets_a_message_finished_within_its_drain_be_acked():
     source, router = offload_source()
     proto, transport = connect(source)
     proto.dataReceived(BIG)
     source.port = FakePort(None)
     stopped: list = []
     source.stop().addBoth(stopped.append)
-    source.reactor.advance(10)  # past stop_drain_secs: the connection finishes, the work goes on
+    source.reactor.advance(1)  # quiet, but its message is being worked on: the drain waits
     assert not stopped and not transport.disconnecting
     finish_work(source, router)
     assert take(transport) == [{"ack": "big1"}]
+    source.reactor.advance(1)
     assert transport.disconnecting and stopped == [None]
     assert source.offload_pool.stopped
+
+
+def test_a_stop_abandons_a_message_not_finished_when_its_drain_ends(log_lines):
+    source, router = offload_source()
+    proto, transport = connect(source)
+    proto.dataReceived(BIG)
+    step_part(source, router)
+    router.fire_pending()  # the first part is durable
+    pool = source.offload_pool
+    assert pool.running == 1  # the next step is running (in a thread) when the drain ends
+    source.port = FakePort(None)
+    stopped: list = []
+    source.stop().addBoth(stopped.append)
+    source.reactor.advance(3)  # stop_drain_secs
+    # Closed without an ack and without waiting for the message: the client resends it.
+    assert transport.disconnecting and transport.value() == b""
+    assert proto.offload is None and proto.busy is None
+    assert any("abandoned after 1 part(s), not acked" in line for line in log_lines)
+    # The stop waits for the step running (a thread cannot be interrupted), and no more.
+    assert stopped == [] and pool.stopped
+    pool.step()
+    assert stopped == [None] and pool.calls == [] and pool.running == 0 and len(router.batches) == 1
 
 
 def test_a_store_failure_mid_message_closes_the_connection():
     source, router = offload_source()
     proto, transport = connect(source)
     proto.dataReceived(BIG)
-    source.offload_pool.step()
+    step_part(source, router)
     router.pending[0].errback(Failure(OSError("disk full")))
     finish_work(source, router)
     assert transport.disconnected or transport.disconnecting

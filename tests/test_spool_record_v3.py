@@ -304,7 +304,7 @@ def test_event_time_entries_read_their_times_from_the_bytes_like_the_general_pat
     assert usual is not None
     unpacker = wire._new_unpacker(len(blob) + 1)
     unpacker.feed(blob)
-    assert usual == wire._collect_events(unpacker, lambda: NOW_NS)
+    assert usual == wire.collect_events(unpacker, lambda: NOW_NS)
     assert usual[0][1] == (NOW_NS, {"zero": "now"})
     assert type(usual[0][2][1]["bin"]["seen"]) is wire.EventNanos
     # any other shape, or a cut, is left to the general path

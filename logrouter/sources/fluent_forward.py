@@ -29,11 +29,20 @@ pushing back. The ack goes out once every part is durable. A part's dedupe key i
 chunk id for part 0 and ``chunk + b"\\0part N"`` after it: a message resent after a crash
 between parts is split the same way, so the parts already stored are recognised and only
 the rest is stored (changing ``offload_bytes`` or ``offload_part_bytes`` between the two
-sends can store such a message twice). A message found bad in the worker (a bomb, corrupt
-data) closes its connection like any bad input, before any of it is stored. A graceful stop finishes messages already
-received before it closes their connections; a connection that closes meanwhile gets its
-message dropped after the part being built (parts already stored stay; no ack, so the
-client resends).
+sends can store such a message twice). A message found bad in the worker (a compression
+bomb, corrupt data) closes its connection like any bad input, before any of it is stored. The work is
+done in steps of at most about a MiB of entries, and connections take turns a step at a
+time (``offload.OffloadPool``), so a message waits at most one step of each other one.
+
+A message whose entries are mostly invalid is refused as a bomb (the rule is in
+``wire.forward_entries``): its connection is closed like any bad input and counted in
+``bombs_refused``; nothing of it is acked (parts stored before the rule tripped stay, and
+a resend recognises them). Messages decoded on the reactor follow the same rule.
+
+A connection that stops taking input (a graceful stop's drain ended, at the latest after
+``stop_drain_secs``; an idle timeout; a close) abandons the message being worked on after
+the step being built: no ack, so the client resends it; parts already stored stay. A
+message finished within the drain is acked as usual.
 """
 
 from __future__ import annotations
@@ -101,7 +110,8 @@ class ForwardProtocol(StreamProtocol):
 
     def make_decoder(self) -> wire.ForwardDecoder:
         offload_bytes = self.source.options["offload_bytes"]
-        return wire.ForwardDecoder(
+        return BombCountingDecoder(
+            self.source,
             max_message_bytes=self.source.options["max_message_bytes"],
             max_decompressed_bytes=self.source.options["max_decompressed_bytes"],
             # A handshake session is msgpack throughout (in_forward, section 4).
@@ -196,8 +206,8 @@ class ForwardProtocol(StreamProtocol):
             self.pending.add(self.busy)
         offload = self.offload = Offload()
         self.source.offloaded_messages += 1
-        parts = message.parts(self.source.options["offload_part_bytes"])
-        offload.run = IteratorRun(self.source.offload_pool, parts, lambda part: self.take_part(offload, part))
+        steps = message.steps(self.source.options["offload_part_bytes"])
+        offload.run = IteratorRun(self.source.offload_pool, steps, lambda part: self.take_part(offload, part))
         offload.run.start().addCallbacks(lambda _: self.offload_done(offload), lambda f: self.offload_failed(offload, f))
 
     def take_part(self, offload: Offload, part: wire.EventMessage) -> defer.Deferred | None:
@@ -261,6 +271,8 @@ class ForwardProtocol(StreamProtocol):
         self.offload = None
         self.waiting.clear()
         if failure.check(wire.ForwardDecodeError):
+            if failure.check(wire.EntryBombError) and not (self.closing or self.finishing):
+                self.source.bombs_refused += 1
             self.reject(failure.value.reason)  # a no-op if the connection is already closing
         elif not self.closing:
             self.log.failure(
@@ -288,16 +300,46 @@ class ForwardProtocol(StreamProtocol):
         defer.DeferredList(others, consumeErrors=True).addCallback(fire)
 
     def abandon_offload(self) -> None:
-        """Drop the message being worked on (after the part being built) and what waits behind it."""
+        """Drop the message being worked on (after the step being built) and what waits behind it."""
         offload, self.offload = self.offload, None
         if offload is not None and offload.run is not None:
             offload.run.cancel()
         self.waiting.clear()
         self.offload_idle()
 
+    def finish(self, why: str, level: str, text: str, **fields: Any) -> None:
+        """A connection that takes no more input leaves the message being worked on (a
+        stop is then not held up by it): only what is already durable gets its reply."""
+        if self.offload is not None and not (self.closing or self.finishing):
+            self.log.warn(
+                "fluent_forward {peer}: closing ({why}) while a message of tag {tag} was decoded in parts: "
+                "abandoned after {parts} part(s), not acked (the client resends it)",
+                peer=self.peer,
+                why=why,
+                tag=self.offload.tag or "?",
+                parts=self.offload.parts,
+            )
+            self.abandon_offload()
+        super().finish(why, level, text, **fields)
+
     def connectionLost(self, reason: Any = None) -> None:
         super().connectionLost(reason)
         self.abandon_offload()
+
+
+class BombCountingDecoder(wire.ForwardDecoder):
+    """The forward decoder, counting the messages it refuses as bombs in ``source.bombs_refused``."""
+
+    def __init__(self, source: "FluentForwardSource", **options: Any) -> None:
+        super().__init__(**options)
+        self.source = source
+
+    def feed(self, data: bytes) -> list[Any]:
+        try:
+            return super().feed(data)
+        except wire.EntryBombError:
+            self.source.bombs_refused += 1
+            raise
 
 
 class HeartbeatProtocol(protocol.DatagramProtocol):
@@ -339,7 +381,7 @@ def check_users(value: list[Any]) -> None:
 @registry.source("fluent_forward")
 class FluentForwardSource(StreamSource):
     protocol_class = ForwardProtocol
-    COUNTERS = {"invalid_events": "events skipped (bad time, record not a map)", **StreamSource.COUNTERS, "auth_failures": "failed handshakes (also counted in decode_errors)", "size_mismatches": "messages whose size option differs from their entry count", "heartbeats": "UDP heartbeats answered", "offloaded_messages": "messages decoded in worker threads", "offloaded_parts": "parts of offloaded messages stored"}  # noqa: E501
+    COUNTERS = {"invalid_events": "events skipped (bad time, record not a map)", **StreamSource.COUNTERS, "auth_failures": "failed handshakes (also counted in decode_errors)", "size_mismatches": "messages whose size option differs from their entry count", "heartbeats": "UDP heartbeats answered", "offloaded_messages": "messages decoded in worker threads", "offloaded_parts": "parts of offloaded messages stored", "bombs_refused": "messages refused for their invalid entries (also counted in decode_errors)"}  # noqa: E501
     OPTIONS = {
         **StreamSource.OPTIONS,
         "listen": listen_option("tcp:24224"),
@@ -403,6 +445,7 @@ class FluentForwardSource(StreamSource):
         self.heartbeats = 0
         self.offloaded_messages = 0
         self.offloaded_parts = 0
+        self.bombs_refused = 0
         self.udp_port: Any = None
         self.offload_pool = OffloadPool(self.reactor, options.get("offload_threads", 2), f"logrouter-{self.name}-decode")
 

@@ -14,6 +14,9 @@ It owns the bytes a forward client sends and the ack a server answers with:
   it (the source runs it in a worker thread). Framing stays cheap and incremental.
 - Encoders for acks and for the three carrier modes (used by tests and forward clients).
 
+Which entries are events, and the bomb rule that refuses a message of mostly invalid
+ones on every path, are in ``forward_entries``.
+
 Event times: an event's time in nanoseconds must fit a signed int64 (the lake stores
 int64 ns timestamps: 1677-09-21 to 2262-04-11). A time outside that range (int seconds
 beyond +-9223372036, a float like 1e308, a msgpack Timestamp far out) makes that event
@@ -43,7 +46,18 @@ from typing import Any
 import msgpack
 import msgspec
 
-from logrouter.wire.errors import DecodeError
+from logrouter.wire.forward_entries import (
+    MAX_TIME_NS,
+    MIN_TIME_NS,
+    NANOS_PER_SECOND,
+    EntryBombError,
+    EntryTally,
+    EventNanos,
+    ForwardDecodeError,
+    collect_events,
+    is_bomb,
+    str_keyed,
+)
 from logrouter.wire.inflate import GZIP, InflateError, inflate_pieces
 
 try:
@@ -53,11 +67,14 @@ except ImportError:  # zstd is optional: fluentd itself calls it experimental (s
 
 __all__ = [
     "DeferredMessage",
+    "EntryBombError",
     "EventMessage",
     "EventNanos",
     "ForwardDecodeError",
     "ForwardDecoder",
     "Heartbeat",
+    "MAX_TIME_NS",
+    "MIN_TIME_NS",
     "decode_ack",
     "decode_entries",
     "encode_ack",
@@ -67,16 +84,9 @@ __all__ = [
     "encode_packed_forward",
 ]
 
-NANOS_PER_SECOND = 1_000_000_000
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_DECOMPRESSED_BYTES = 256 * 1024 * 1024
 DEFAULT_PART_BYTES = 8 * 1024 * 1024
-
-# The int64 nanosecond range, and the whole seconds that stay inside it once scaled.
-MIN_TIME_NS = -(1 << 63)
-MAX_TIME_NS = (1 << 63) - 1
-_MAX_SECONDS = MAX_TIME_NS // NANOS_PER_SECOND  # 9223372036
-_MIN_SECONDS = -_MAX_SECONDS  # -9223372036 s scales to just above MIN_TIME_NS
 
 EVENT_TIME_EXT_CODE = 0
 _EVENT_TIME = struct.Struct(">II")  # u32 seconds, u32 nanoseconds (section 6)
@@ -91,21 +101,12 @@ _DECOMPRESS_STEP_BYTES = 1 << 20
 _INFLATE_INPUT_BYTES = 256 << 10
 # msgpack refuses nesting deeper than this (its C unpacker's fixed stack).
 _MSGPACK_MAX_DEPTH = 1024
+# The first bytes of an array that may hold two items: fixarray 2, array16, array32.
+_PAIR_HEADS = frozenset((0x92, 0xDC, 0xDD))
+_LIST_STEP_ENTRIES = 1 << 16  # parsed entries looked at per step of a deferred message
 
 
 # -- results and errors ------------------------------------------------------------------
-
-
-class ForwardDecodeError(DecodeError):
-    """Input the forward decoder cannot decode.
-
-    ``messages`` holds the messages decoded from the same ``feed`` call before the bad
-    input; the caller may act on them or drop them (the client resends unacked chunks).
-    """
-
-    def __init__(self, reason: str, fatal: bool = True) -> None:
-        super().__init__(reason, fatal)
-        self.messages: list[EventMessage | Heartbeat] = []
 
 
 @dataclass(slots=True)
@@ -152,17 +153,26 @@ class DeferredMessage:
     part is yielded; only a fault that shows once values are built (a malformed msgpack
     Timestamp, an array used as a map key) can stop it after earlier parts. The parts of
     one message always come out the same, so a resend splits the same way. The first
-    part's ``size_bytes`` is the message's wire size, later parts have 0.
+    part's ``size_bytes`` is the message's wire size, later parts have 0. A message the
+    bomb rule refuses (``forward_entries``) raises ``EntryBombError``, from the first pass
+    when its entries are not even pairs, else once the parts have looked at its entries.
+
+    ``steps()`` is ``parts()`` with ``None`` between bounded steps of work (an inflated
+    piece or step of at most 1 MiB, a JSON parse, 65536 parsed entries): a scheduler
+    takes turns between messages there, and a stop can leave a message there.
     """
 
     __slots__ = ("size_bytes", "_produce")
 
-    def __init__(self, size_bytes: int, produce: Callable[[int], Iterator[EventMessage]]) -> None:
+    def __init__(self, size_bytes: int, produce: Callable[[int], Iterator[EventMessage | None]]) -> None:
         self.size_bytes = size_bytes
         self._produce = produce
 
-    def parts(self, part_bytes: int = DEFAULT_PART_BYTES) -> Iterator[EventMessage]:
+    def steps(self, part_bytes: int = DEFAULT_PART_BYTES) -> Iterator[EventMessage | None]:
         return self._produce(part_bytes)
+
+    def parts(self, part_bytes: int = DEFAULT_PART_BYTES) -> Iterator[EventMessage]:
+        return (part for part in self._produce(part_bytes) if part is not None)
 
     def decode(self) -> EventMessage:
         """The whole message at once, as ``feed`` returns it without ``offload_bytes``."""
@@ -180,18 +190,8 @@ class DeferredMessage:
         return f"<DeferredMessage of {self.size_bytes} bytes>"
 
 
-class EventNanos(int):
-    """An EventTime already converted to nanoseconds by the unpacker's ext hook.
-
-    Being a distinct type is what tells the event loop not to scale it as seconds. It
-    only escapes the decoder inside records (an EventTime nested in a record value).
-    """
-
-    __slots__ = ()
-
-
 def _ext_hook(code: int, data: bytes) -> Any:
-    # Converting here keeps the per-event loop to a type check (see _collect_events).
+    # Converting here keeps the per-event loop to a type check (see collect_events).
     # Both fixext8 (d7 00) and ext8 (c7 08 00) arrive here with 8 bytes of data.
     if code == EVENT_TIME_EXT_CODE and len(data) == 8:
         seconds, nanos = _EVENT_TIME.unpack(data)
@@ -239,88 +239,6 @@ def _byte_in(data: Any, start: int) -> Callable[[int], int | None]:
         return data[index] if 0 <= index < len(data) else None
 
     return byte_at
-
-
-# -- events ------------------------------------------------------------------------------
-
-
-def _time_ns(value: Any) -> int | None:
-    """The slow path for times that are not EventTime or in-range int seconds; None if invalid.
-
-    Every time it returns fits int64 nanoseconds (see the module docstring).
-    """
-    kind = type(value)
-    if kind is int:
-        return value * NANOS_PER_SECOND if _MIN_SECONDS <= value <= _MAX_SECONDS else None
-    if kind is EventNanos:
-        return int(value)  # u32 seconds and u32 nanoseconds: always in range
-    if kind is float:
-        # fluentd rejects floats; we accept them as seconds rather than drop the event.
-        # The bound comes first: round() of an infinite product raises OverflowError.
-        if not -9.3e9 < value < 9.3e9:  # also false for NaN
-            return None
-        time_ns = round(value * NANOS_PER_SECOND)
-    elif kind is msgpack.Timestamp:  # ext -1 (fluentd's enable_msgpack_time_support)
-        time_ns = value.to_unix_nano()
-    elif kind is list and value and type(value[0]) is not list:
-        return _time_ns(value[0])  # Fluent Bit's [time, metadata] (section 5)
-    else:
-        return None
-    return time_ns if MIN_TIME_NS <= time_ns <= MAX_TIME_NS else None
-
-
-def _str_keyed(record: dict[Any, Any]) -> dict[str, Any]:
-    """A copy of ``record`` with str keys: bin keys decode as UTF-8 losslessly, others via str()."""
-    return {
-        key if type(key) is str
-        else key.decode("utf-8", "surrogateescape") if type(key) is bytes
-        else str(key): value
-        for key, value in record.items()
-    }
-
-
-def _collect_events(
-    entries: Iterable[Any], now_ns: Callable[[], int]
-) -> tuple[list[tuple[int, dict[str, Any]]], int]:
-    """Valid ``(time_ns, record)`` events from ``[time, record]`` entries, and the invalid count.
-
-    This is the per-event path: keep it to type checks and one append.
-    """
-    events: list[tuple[int, dict[str, Any]]] = []
-    append = events.append
-    invalid = 0
-    now = None
-    # locals: this loop runs once per event
-    min_seconds, max_seconds, scale = _MIN_SECONDS, _MAX_SECONDS, NANOS_PER_SECOND
-    for entry in entries:
-        try:
-            time, record = entry
-        except (TypeError, ValueError):
-            invalid += 1
-            continue
-        if type(record) is not dict:
-            invalid += 1
-            continue
-        kind = type(time)
-        if kind is EventNanos:
-            time_ns = time + 0  # a plain int again
-        elif kind is int and min_seconds <= time <= max_seconds:
-            time_ns = time * scale
-        else:
-            time_ns = _time_ns(time)
-            if time_ns is None:
-                invalid += 1
-                continue
-        if not time_ns:  # time 0 means "now" (in_forward); one clock read per message
-            if now is None:
-                now = now_ns()
-            time_ns = now
-        for key in record:
-            if type(key) is not str:
-                record = _str_keyed(record)
-                break
-        append((time_ns, record))
-    return events, invalid
 
 
 # -- decompression -----------------------------------------------------------------------
@@ -415,23 +333,40 @@ def _entries_error(exc: Exception, unpacker: msgpack.Unpacker, piece: Any, piece
     return ForwardDecodeError(f"PackedForward entries are not valid msgpack: {problem}")
 
 
-def _check_entries(pieces: Iterator[Any], limit: int) -> None:
+def _check_entries(pieces: Iterator[Any], limit: int) -> Iterator[None]:
     """Read a blob's entries through without building them: every fatal fault of its
     compression (bomb, corrupt or truncated data) or of its msgpack framing (garbage,
-    too deep, cut inside an entry) surfaces here, before any part is handed out."""
+    too deep, cut inside an entry) surfaces here, before any part is handed out. So does
+    a bomb of entries that are not even pairs: an entry whose first byte is no array
+    header that can hold two items is invalid, any other counts as valid here, so this
+    refuses no message the bomb rule would let through. ``None`` after every piece."""
     unpacker = msgpack.Unpacker(max_buffer_size=limit + _DECOMPRESS_STEP_BYTES + 1)
-    skip = unpacker.skip
-    fed = 0
+    skip, tell = unpacker.skip, unpacker.tell
+    pair_heads = _PAIR_HEADS
+    fed = entries = invalid = 0
+    cut = False  # the entry being read began in an earlier piece
     for piece in pieces:
         unpacker.feed(piece)
+        end = fed + len(piece)
         try:
             while True:
+                start = tell()  # an entry's first byte, unless it is the rest of a cut one
+                if start < end:
+                    if not cut:
+                        entries += 1
+                        if piece[start - fed] not in pair_heads:
+                            invalid += 1
+                            if is_bomb(entries - invalid, invalid):
+                                raise EntryBombError(entries - invalid, invalid)
+                    cut = True
                 skip()
+                cut = False
         except msgpack.OutOfData:
             pass
         except _MSGPACK_ERRORS as exc:
             raise _entries_error(exc, unpacker, piece, fed) from exc
-        fed += len(piece)
+        fed = end
+        yield None
     if not _entries_end_cleanly(unpacker):
         raise ForwardDecodeError("PackedForward entries end inside an entry (truncated)")
 
@@ -777,7 +712,7 @@ def _options_of(value: Any) -> dict[str, Any]:
         raise ForwardDecodeError(f"options is not a map (got {type(value).__name__})")
     for key in value:
         if type(key) is not str:
-            return _str_keyed(value)
+            return str_keyed(value)
     return value
 
 
@@ -840,7 +775,7 @@ def _event_time_entries(
             try:
                 str_keys(record)
             except TypeError:
-                record = _str_keyed(record)
+                record = str_keyed(record)
             append((time_ns, record))
     except Exception:  # noqa: BLE001 - e.g. a record cut short or not msgpack: the general path says
         return None
@@ -927,7 +862,9 @@ def _whole_blob_entries(
     return events, 0
 
 
-def _packed_events(blob: bytes, now_ns: Callable[[], int]) -> tuple[list[tuple[int, dict[str, Any]]], int]:
+def _packed_events(
+    blob: bytes, now_ns: Callable[[], int], bounded: bool = True
+) -> tuple[list[tuple[int, dict[str, Any]]], int]:
     """The events of a whole (inflated) PackedForward blob, decoded at once.
 
     Three paths, each giving the events of the one after it for what it takes (save
@@ -945,7 +882,7 @@ def _packed_events(blob: bytes, now_ns: Callable[[], int]) -> tuple[list[tuple[i
     unpacker = _new_unpacker(len(blob) + 1)  # +1: room for the end-of-entries probe
     unpacker.feed(blob)
     try:
-        collected = _collect_events(unpacker, now_ns)
+        collected = collect_events(unpacker, now_ns, EntryTally(bounded))
     except _MSGPACK_ERRORS as exc:
         raise _entries_error(exc, unpacker, blob, 0) from exc
     if not _entries_end_cleanly(unpacker):
@@ -957,10 +894,11 @@ def decode_entries(entries: bytes, now_ns: int | None) -> tuple[list[tuple[int, 
     """The events and invalid count of a PackedForward entries blob (``EventMessage.packed``).
 
     ``now_ns`` is the time time-0 entries get. Decoding the same bytes with the same
-    ``now_ns`` always gives the same events: the spool replays stored blobs with this.
+    ``now_ns`` always gives the same events: the spool replays stored blobs with this,
+    so the bomb rule is not applied (what was stored passed it, or came before it).
     Raises ``ForwardDecodeError`` for entries that are not valid msgpack.
     """
-    return _packed_events(entries, lambda: now_ns)  # type: ignore[arg-type,return-value]
+    return _packed_events(entries, lambda: now_ns, False)  # type: ignore[arg-type,return-value]
 
 
 def _list_parts(
@@ -971,13 +909,21 @@ def _list_parts(
     size_bytes: int,
     now_ns: Callable[[], int],
     part_bytes: int,
-) -> Iterator[EventMessage]:
+) -> Iterator[EventMessage | None]:
     """Parts of a Forward-mode entry array (already unpacked while it was framed)."""
     count = len(entries)
     # Parsed entries no longer know their wire size: each part takes an even share.
     per_part = max(1, part_bytes * count // max(size_bytes, 1))
+    tally = EntryTally()
     for start in range(0, max(count, 1), per_part):
-        events, invalid = _collect_events(entries[start : start + per_part], now_ns)
+        events: list[tuple[int, dict[str, Any]]] = []
+        invalid = 0
+        for step in range(start, min(start + per_part, count), _LIST_STEP_ENTRIES):
+            if step > start:
+                yield None
+            got, bad = collect_events(entries[step : min(step + _LIST_STEP_ENTRIES, start + per_part)], now_ns, tally)
+            events += got
+            invalid += bad
         yield EventMessage(tag, events, chunk, options, invalid, size_bytes if start == 0 else 0)
 
 
@@ -991,7 +937,7 @@ def _blob_parts(
     max_decompressed: int,
     now_ns: Callable[[], int],
     part_bytes: int,
-) -> Iterator[EventMessage]:
+) -> Iterator[EventMessage | None]:
     """Parts of a (Compressed)PackedForward blob, inflated and unpacked as they go.
 
     Inflating twice (once to check, once to build) costs far less than building the
@@ -1000,8 +946,9 @@ def _blob_parts(
     if type(blob) is str:
         blob = blob.encode("utf-8", "surrogateescape")  # str32 from out_forward
     limit = len(blob) if compressed is None or compressed == "text" else max_decompressed
-    _check_entries(_inflated_pieces(blob, compressed, limit), limit)
+    yield from _check_entries(_inflated_pieces(blob, compressed, limit), limit)
     unpacker = _new_unpacker(limit + _DECOMPRESS_STEP_BYTES + 1)
+    tally = EntryTally()
     events: list[tuple[int, dict[str, Any]]] = []
     invalid = 0
     fed = 0
@@ -1014,7 +961,7 @@ def _blob_parts(
             piece = view[start : start + step]
             unpacker.feed(piece)
             try:
-                got, bad = _collect_events(unpacker, now_ns)
+                got, bad = collect_events(unpacker, now_ns, tally)
             except _MSGPACK_ERRORS as exc:
                 raise _entries_error(exc, unpacker, piece, fed) from exc
             fed += len(piece)
@@ -1024,6 +971,8 @@ def _blob_parts(
                 part_start = unpacker.tell()
                 yield EventMessage(tag, events, chunk, options, invalid, size_bytes if first else 0)
                 events, invalid, first = [], 0, False
+            else:
+                yield None
     if first or events or invalid:
         yield EventMessage(tag, events, chunk, options, invalid, size_bytes if first else 0)
 
@@ -1097,10 +1046,11 @@ class ForwardDecoder:
             return DeferredMessage(size, lambda part_bytes: self._json_parts(text, size, part_bytes))
         return self._frame(_parse_json(text), size)
 
-    def _json_parts(self, text: str, size: int, part_bytes: int) -> Iterator[EventMessage]:
+    def _json_parts(self, text: str, size: int, part_bytes: int) -> Iterator[EventMessage | None]:
         frame = self._frame(_parse_json(text), size)  # a long entry array defers again
         if type(frame) is DeferredMessage:
-            yield from frame.parts(part_bytes)
+            yield None
+            yield from frame.steps(part_bytes)
         elif type(frame) is EventMessage:
             yield frame
         else:  # cannot happen: JSON has no top-level nil, the framer wants [ or {
@@ -1129,11 +1079,11 @@ class ForwardDecoder:
                 return DeferredMessage(
                     size, functools.partial(_list_parts, tag, carrier, chunk, options, size, self._now_ns)
                 )
-            events, invalid = _collect_events(carrier, self._now_ns)
+            events, invalid = collect_events(carrier, self._now_ns)
         elif options_index == 2:
             return self._packed(tag, carrier, chunk, options, size)
         else:
-            events, invalid = _collect_events(((carrier, message[2]),), self._now_ns)
+            events, invalid = collect_events(((carrier, message[2]),), self._now_ns)
         return EventMessage(tag, events, chunk, options, invalid, size)
 
     def _packed(
@@ -1168,7 +1118,7 @@ class ForwardDecoder:
         clock = self._now_ns
         now_used: list[int] = []
 
-        def now_ns() -> int:  # called at most once per message (_collect_events)
+        def now_ns() -> int:  # called at most once per message (collect_events)
             now_used.append(clock())
             return now_used[0]
 
