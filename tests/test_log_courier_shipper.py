@@ -21,7 +21,7 @@ import zlib
 
 import pytest
 
-from log_courier_shipper import Shipper, ensure_built_with_reason
+from log_courier_shipper import FINISHED, Shipper, ensure_built_with_reason
 
 HELO_2_12_0 = bytes.fromhex(
     "48454c4f00000020" "00000000000000020000000c00000000" "4c434f52000000000000000000000000"
@@ -278,7 +278,7 @@ def test_real_shipper_over_tls_with_client_certificate(log_courier_bin, tmp_path
 
 
 def test_shipper_process_lifecycle_with_a_stand_in(tmp_path):
-    """start/write/close/wait/output/stop, with a shell script in place of the binary."""
+    """start/write/close/wait/output/stop, with shell scripts in place of the binary."""
     stand_in = tmp_path / "stand-in"
     stand_in.write_text('#!/bin/sh\necho "args: $*"\nwc -l\n')
     stand_in.chmod(0o755)
@@ -288,6 +288,21 @@ def test_shipper_process_lifecycle_with_a_stand_in(tmp_path):
         assert shipper.wait(10) == 0
         out = shipper.output()
     assert "-config" in out and "-stdin" in out and out.split()[-1] == "3"
+
+    # 2.12.0 after stdin EOF: everything acknowledged, the pipeline stopped, the process
+    # waits for a signal; wait() sends SIGTERM on FINISHED and returns the exit code.
+    finished = tmp_path / "finished"
+    finished.write_text(
+        "#!/bin/sh\ntrap 'echo Exiting; exit 0' TERM\ncat >/dev/null\n"
+        f"echo '2026/01/01 00:00:00.000000 {FINISHED}'\nwhile :; do sleep 0.1; done\n"
+    )
+    finished.chmod(0o755)
+    with Shipper(finished, 5043, workdir=tmp_path / "finished-run") as shipper:
+        shipper.write_lines(["a"])
+        assert shipper.wait(0.3) is None  # stdin still open: at work
+        shipper.close_stdin()
+        assert shipper.wait(10) == 0
+        assert shipper.output().splitlines()[-1] == "Exiting"
 
     hung = tmp_path / "hung"
     hung.write_text("#!/bin/sh\ntrap '' TERM\nwhile :; do sleep 1; done\n")
