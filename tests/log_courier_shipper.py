@@ -17,6 +17,14 @@ Knobs (environment):
 - ``LOGROUTER_LOG_COURIER_BUILD_TIMEOUT``: seconds for the whole build (default 480,
   under the 600 s pytest-timeout of the first test that asks for it).
 
+When its connection breaks just as it hands a payload to it, 2.12.0 sends that payload's
+events twice: the payload goes to its resend list under its nonce, and the same events
+are also held and sent later as a new payload under a new nonce (``publisher.go``: a
+failed ``sendEvents`` keeps the spool as ``nextSpool``; ``endpoint.go`` had already put
+the payload among the pending ones that a failure pulls back). No receiver can tell the
+two apart, so ``Shipper.sent_twice()`` reads from the shipper's debug log how many events
+it sent so.
+
 ``Shipper`` runs the binary as ``log-courier -config <file> -stdin``: it reads lines
 from its standard input and ships each as one event (``message`` = the line) to one
 server, over ``tcp`` or ``tls``. At stdin EOF it flushes its spool and waits until the
@@ -30,6 +38,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -39,6 +48,10 @@ from pathlib import Path
 from typing import Iterable
 
 from go_binary import GoBinary, PeerTarball
+
+# The publisher logs this (debug) only after queueing a new payload on a ready endpoint
+# failed: the events go out twice (see the module's docstring and sent_twice).
+_HELD_AFTER_FAILED_QUEUE = re.compile(r"Holding (\d+) new events until an endpoint is ready$")
 
 # Logged once stdin is at EOF and every event is acknowledged (the publisher holds its
 # shutdown until then) and the whole pipeline has stopped; also on a failed start-up,
@@ -246,6 +259,19 @@ class Shipper:
             return self.output_path.read_text(errors="replace")
         except OSError:
             return ""
+
+    def sent_twice(self) -> int:
+        """How many events the shipper sent twice, under two nonces (see the module's
+        docstring), by its log (``log_level`` debug): 2.12.0 says ``Holding N new events
+        until an endpoint is ready`` only after queueing a new payload on a ready endpoint
+        failed, and then sends those N events again. (With a single server that is the
+        only way there: a failed transport, or its send queue full, when the payload was
+        already among the endpoint's pending ones.)"""
+        return sum(
+            int(held.group(1))
+            for line in self.output().splitlines()
+            if (held := _HELD_AFTER_FAILED_QUEUE.search(line))
+        )
 
     def _output_from(self, offset: int) -> bytes:
         try:

@@ -315,3 +315,24 @@ def test_shipper_process_lifecycle_with_a_stand_in(tmp_path):
         assert shipper.wait(0.5) is None
         proc = shipper.proc
     assert proc.returncode is not None and time.monotonic() - started < 15
+
+
+def test_sent_twice_reads_the_failed_queueing_from_the_log(tmp_path):
+    """2.12.0's log when the connection breaks as a payload is queued (abridged from a
+    real run): that payload's 1024 events go out twice. Events held for other reasons
+    (the resend queue, too many payloads pending) are sent once."""
+    shipper = Shipper("/nonexistent/log-courier", 5043, workdir=tmp_path)
+    shipper.output_path.write_text(
+        "2026/11/27 00:32:52.117221 [E 127.0.0.1:51963] Sending payload 62f65ad8 with 1024 events\n"
+        "2026/11/27 00:32:52.129644 [T 127.0.0.1:36660 > 127.0.0.1:51963] Sending EVNT payload with nonce"
+        " 62f65ad8 and 1024 events\n"
+        "2026/11/27 00:32:52.129671 [P 127.0.0.1:51963] Forcing endpoint failure: invalid connection state\n"
+        "2026/11/27 00:32:52.129690 [P 127.0.0.1:51963] 5 payloads pulled back for resend (5 total now held for resend)\n"
+        "2026/11/27 00:32:52.129700 Holding 1024 new events until an endpoint is ready\n"
+        "2026/11/27 00:32:52.207733 Holding 784 new events until the resend queue is flushed\n"
+        "2026/11/27 00:32:53.100000 Maximum pending payloads of 10 reached, holding 1024 new events\n"
+        "2026/11/27 00:32:55.175357 [E 127.0.0.1:51963] Sending payload 9efd3234 with 1024 events\n"
+    )
+    assert shipper.sent_twice() == 1024
+    shipper.output_path.write_text("2026/11/27 00:32:52.117221 Log Courier v2.12.0 starting up\n")
+    assert shipper.sent_twice() == 0
