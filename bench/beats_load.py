@@ -3,7 +3,8 @@
 
 The load is the real Go client library: ``github.com/elastic/go-lumber`` ``client/v2``,
 the one libbeat's Logstash output is built on, in one of two senders, both built once with
-the Go toolchain through ``tests/go_binary.py`` and cached under ``tests/.cache/``:
+the Go toolchain through ``tests/go_binary.py`` and cached outside the checkout
+(``~/.cache/logrouter-tests/``):
 
 - ``--sender tst-send`` (the default, so that figures stay comparable with earlier runs):
   go-lumber's own test sender, ``cmd/tst-send`` of v0.1.0. It hands the library its batch

@@ -1,70 +1,74 @@
-"""The real Log Courier shipper (Go, github.com/driskell/log-courier 2.12.x) for tests.
+"""The real Log Courier shipper (Go, github.com/driskell/log-courier 2.12.0) for tests.
 
-``ensure_built()`` builds the ``log-courier`` binary once with the Go toolchain and the
-Go module proxy, caches it under ``tests/.cache/log-courier/<version>/`` (ignored by
-git) and returns its path; it returns None when it cannot be had (no Go, the proxy
-refuses or times out, the build fails), with the reason in ``build_reason()`` so a test
-can ``pytest.skip(build_reason())``. Everything Go writes (module cache, build cache,
-GOPATH) goes under ``tests/.cache/go/``; a rerun with the binary cached costs a stat.
-The building, caching and locking is ``tests/go_binary.py``'s ``GoBinary`` (``SHIPPER``).
+``ensure_built()`` builds the ``log-courier`` binary once per machine from the Log Courier
+tarball in the peers folder (``log-courier-2c9d7dbd.tar.gz``: the repository at commit
+2c9d7dbd, whose module the Go module proxy here refuses; its dependencies come from the
+proxy), caches it outside the checkout (``<cache>/log-courier/<tarball>-<hash>/``) and
+returns its path; it returns None when it cannot be had (no tarball, no Go, the build
+fails), with the reason in ``build_reason()`` so a test can ``pytest.skip(build_reason())``.
+The building, caching, locking and failure memory is ``tests/go_binary.py``'s ``GoBinary``
+(``SHIPPER``), which says where the peers folder and the cache are.
 
 Knobs (environment):
 
 - ``LOGROUTER_LOG_COURIER_BIN``: a prebuilt ``log-courier`` to use instead of building.
-- ``LOGROUTER_LOG_COURIER_VERSION``: what to ask the proxy for (default: the commit
-  ``2c9d7dbd`` of 2.12.0; its v2 tags have no /v2 module path, so a commit or a full
-  pseudo-version is needed).
+- ``LOGROUTER_PEERS_DIR``: the folder holding the tarball (default
+  ``<checkout>/../shared/peers``).
 - ``LOGROUTER_LOG_COURIER_BUILD_TIMEOUT``: seconds for the whole build (default 480,
   under the 600 s pytest-timeout of the first test that asks for it).
 
-A failed build is remembered for ``FAILURE_TTL`` seconds in ``FAILED`` beside where the
-binary would be, so a test run does not ask the proxy again for every session; delete
-the file (or the whole ``tests/.cache``) to retry at once.
+When its connection breaks just as it hands a payload to it, 2.12.0 sends that payload's
+events twice: the payload goes to its resend list under its nonce, and the same events
+are also held and sent later as a new payload under a new nonce (``publisher.go``: a
+failed ``sendEvents`` keeps the spool as ``nextSpool``; ``endpoint.go`` had already put
+the payload among the pending ones that a failure pulls back). No receiver can tell the
+two apart, so ``Shipper.sent_twice()`` reads from the shipper's debug log how many events
+it sent so.
 
 ``Shipper`` runs the binary as ``log-courier -config <file> -stdin``: it reads lines
 from its standard input and ships each as one event (``message`` = the line) to one
-server, over ``tcp`` or ``tls``. At stdin EOF it flushes its spool, waits until the
-server has acknowledged every event, and exits 0 by itself.
+server, over ``tcp`` or ``tls``. At stdin EOF it flushes its spool and waits until the
+server has acknowledged every event; then its pipeline stops (it logs ``FINISHED``), but
+2.12.0 does not exit by itself: its main loop keeps waiting for a signal (nothing calls
+its ``App.Stop``). ``Shipper.wait`` therefore sends SIGTERM once ``FINISHED`` is logged,
+on which the shipper exits 0.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 from typing import Iterable
 
-from go_binary import CACHE_DIR, FAILURE_TTL, GO_DIR, TESTS_DIR, GoBinary  # noqa: F401 (re-exported)
+from go_binary import GoBinary, PeerTarball
 
-MODULE = "github.com/driskell/log-courier"
-DEFAULT_VERSION = "2c9d7dbd"  # commit of Log Courier 2.12.0 (docs/Protocol.md snapshot)
+# The publisher logs this (debug) only after queueing a new payload on a ready endpoint
+# failed: the events go out twice (see the module's docstring and sent_twice).
+_HELD_AFTER_FAILED_QUEUE = re.compile(r"Holding (\d+) new events until an endpoint is ready$")
+
+# Logged once stdin is at EOF and every event is acknowledged (the publisher holds its
+# shutdown until then) and the whole pipeline has stopped; also on a failed start-up,
+# after which the shipper exits 1 by itself.
+FINISHED = "Services shutting down"
+
+TARBALL = PeerTarball("log-courier-2c9d7dbd.tar.gz", module_dir="log-courier", package=".")
 
 SHIPPER = GoBinary(
     name="Log Courier shipper",
-    module=MODULE,
+    tarball=TARBALL,
     binary="log-courier",
-    default_version=DEFAULT_VERSION,
     bin_env="LOGROUTER_LOG_COURIER_BIN",
-    version_env="LOGROUTER_LOG_COURIER_VERSION",
     timeout_env="LOGROUTER_LOG_COURIER_BUILD_TIMEOUT",
     default_timeout=480.0,
     cgo=False,
 )
-VERSION = SHIPPER.version
-BUILD_TIMEOUT = SHIPPER.build_timeout
-BUILD_DIR = SHIPPER.build_dir
-BINARY = SHIPPER.binary
-FAILED = SHIPPER.failed
-
-
-def go_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment for every go command: caches inside the repo, no toolchain download."""
-    return SHIPPER.go_env(extra)
-
 
 def build_reason() -> str:
     """Why the last ``ensure_built()`` returned what it did (a path or a failure)."""
@@ -111,6 +115,8 @@ class Shipper:
         extra_general: dict | None = None,
         extra_network: dict | None = None,
     ) -> None:
+        if log_level not in ("debug", "info", "notice"):  # FINISHED is a notice
+            raise ValueError(f"log_level must be debug, info or notice for wait(), not {log_level!r}")
         if transport not in ("tcp", "tls"):
             raise ValueError(f"transport must be tcp or tls, not {transport!r}")
         if transport == "tls" and ca is None:
@@ -192,13 +198,33 @@ class Shipper:
             except BrokenPipeError:
                 pass
 
-    def wait(self, timeout: float) -> int | None:
-        """Wait up to ``timeout`` s for the process to exit by itself; its exit code or None."""
-        assert self.proc is not None, "not started"
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None
+    def wait(self, timeout: float, grace: float = 10.0) -> int | None:
+        """Wait up to ``timeout`` s until the shipper has shipped everything and ended;
+        its exit code, or None if it is still at work.
+
+        It ends when it exits by itself or, as 2.12.0 does after stdin EOF, when it has
+        logged ``FINISHED``: it is then sent SIGTERM and given ``grace`` s to exit."""
+        proc = self.proc
+        assert proc is not None, "not started"
+        deadline = time.monotonic() + timeout
+        marker = FINISHED.encode()
+        read, tail = 0, b""  # tail: the last bytes read, for a marker split between two reads
+        while True:
+            code = proc.poll()
+            if code is not None:
+                return code
+            new = self._output_from(read)
+            read += len(new)
+            if marker in tail + new:
+                try:
+                    proc.send_signal(signal.SIGTERM)
+                    return proc.wait(timeout=grace)
+                except subprocess.TimeoutExpired:
+                    return None
+            tail = (tail + new)[-len(marker):]
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)  # poll interval; the bound is the deadline
 
     def stop(self, grace: float = 5.0) -> int | None:
         """Stop the process if it still runs: SIGTERM (a clean shutdown), then SIGKILL."""
@@ -233,6 +259,27 @@ class Shipper:
             return self.output_path.read_text(errors="replace")
         except OSError:
             return ""
+
+    def sent_twice(self) -> int:
+        """How many events the shipper sent twice, under two nonces (see the module's
+        docstring), by its log (``log_level`` debug): 2.12.0 says ``Holding N new events
+        until an endpoint is ready`` only after queueing a new payload on a ready endpoint
+        failed, and then sends those N events again. (With a single server that is the
+        only way there: a failed transport, or its send queue full, when the payload was
+        already among the endpoint's pending ones.)"""
+        return sum(
+            int(held.group(1))
+            for line in self.output().splitlines()
+            if (held := _HELD_AFTER_FAILED_QUEUE.search(line))
+        )
+
+    def _output_from(self, offset: int) -> bytes:
+        try:
+            with open(self.output_path, "rb") as f:
+                f.seek(offset)
+                return f.read()
+        except OSError:
+            return b""
 
     def __enter__(self) -> "Shipper":
         return self.start()

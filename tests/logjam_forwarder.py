@@ -9,6 +9,9 @@ data over HTTP and publishes it as a logjam device does, on a ZeroMQ PUB socket:
   the device id, its sequence number and the compression; ``POST
   /logjam/events/{app}/{env}`` publishes a JSON object (re-encoded) under
   ``events.<app>-<env>``; both answer ``202``. ``GET /alive.txt`` answers ``200 ALIVE``.
+- ``-x zlib``/``-x snappy`` (``compress``) compress what was posted uncompressed when
+  that comes out smaller; ``-x lz4`` is accepted but publishes uncompressed (its publisher
+  compresses with zlib and snappy only). A posted ``Content-Encoding`` passes through.
 - Every message and every heartbeat (``heartbeat`` / ``tcp://<fqdn>:<pub port>`` / ``{}``,
   every 5 s: ``publisher.HeartbeatInterval``) takes the next sequence number from 1.
 - ``-b`` is the PUB socket's address only: the HTTP server listens on ``:<-p port>``,
@@ -17,19 +20,19 @@ data over HTTP and publishes it as a logjam device does, on a ZeroMQ PUB socket:
   ``Forwarder`` checks in ``/proc`` that the process itself listens on both ports.
 
 It links libzmq through cgo (``github.com/pebbe/zmq4``), so the build needs Debian's
-``libzmq3-dev`` (checked with ``pkg-config --exists libzmq`` after the module is fetched;
+``libzmq3-dev`` (checked with ``pkg-config --exists libzmq`` before the build;
 ``.ci/run`` installs it when it can) and a C compiler; the binary needs ``libzmq5``.
 
-``ensure_built_with_reason()`` builds it once with ``GoBinary`` (``tests/go_binary.py``)
-into ``tests/.cache/http-forwarder/<version>/``. Knobs (environment):
+``ensure_built_with_reason()`` builds it once per machine with ``GoBinary``
+(``tests/go_binary.py``) from the logjam-tools tarball in the peers folder
+(``logjam-tools-go-994b6f5.tar.gz``: the ``go/`` folder of logjam-tools at 994b6f5, 0.21.4,
+whose module the Go module proxy here refuses; its dependencies come from the proxy) into
+the cache outside the checkout (``<cache>/http-forwarder/<tarball>-<hash>/``). Knobs
+(environment):
 
 - ``LOGROUTER_LOGJAM_FORWARDER_BIN``: a prebuilt ``http-forwarder`` to use instead.
-- ``LOGROUTER_LOGJAM_FORWARDER_VERSION``: what to ask the proxy for, for the module
-  ``github.com/skaes/logjam-tools/go`` (default ``latest``: the repository has no Go
-  module tags, so every version is a pseudo-version of a commit on its default branch,
-  and the proxy refuses this module here, so no pseudo-version could be checked to pin
-  one; the version a build resolved is written to ``MODULE`` beside the binary and printed
-  in the build reason, and the cache keeps using it until it is deleted).
+- ``LOGROUTER_PEERS_DIR``: the folder holding the tarball (default
+  ``<checkout>/../shared/peers``).
 - ``LOGROUTER_LOGJAM_FORWARDER_BUILD_TIMEOUT``: seconds for the whole build (default 480).
 
 ``Forwarder`` runs it on loopback with free ports (``-b 127.0.0.1 -p <http> -P <pub> -d
@@ -49,15 +52,16 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-import zlib
 from pathlib import Path
 
-from go_binary import GoBinary
+from go_binary import GoBinary, PeerTarball
 
-MODULE = "github.com/skaes/logjam-tools/go"
-PACKAGE = "github.com/skaes/logjam-tools/go/http-forwarder"
-DEFAULT_VERSION = "latest"
+from logrouter.wire import logjam
+
+TARBALL = PeerTarball("logjam-tools-go-994b6f5.tar.gz", module_dir="logjam-tools-go/go", package="./http-forwarder")
 HEARTBEAT_SECS = 5.0  # publisher.HeartbeatInterval: one heartbeat every 50 ticks of 100 ms
+# Content-Encoding names -> meta compression ids (logjam-tools' ParseCompressionMethodName)
+ENCODINGS = {"zlib": logjam.ZLIB_COMPRESSION, "snappy": logjam.SNAPPY, "lz4": logjam.LZ4}
 LIBZMQ_MISSING = "libzmq3-dev not installed (apt-get install libzmq3-dev)"
 
 
@@ -77,19 +81,14 @@ def libzmq_dev() -> str | None:
 
 FORWARDER = GoBinary(
     name="logjam http-forwarder",
-    module=MODULE,
-    package=PACKAGE,
+    tarball=TARBALL,
     binary="http-forwarder",
-    default_version=DEFAULT_VERSION,
     bin_env="LOGROUTER_LOGJAM_FORWARDER_BIN",
-    version_env="LOGROUTER_LOGJAM_FORWARDER_VERSION",
     timeout_env="LOGROUTER_LOGJAM_FORWARDER_BUILD_TIMEOUT",
     default_timeout=480.0,
     cgo=True,
     precondition=libzmq_dev,
 )
-VERSION = FORWARDER.version
-BINARY = FORWARDER.binary
 
 
 def ensure_built() -> Path | None:
@@ -316,15 +315,17 @@ class Forwarder:
             raise ForwarderFailed(f"POST {path} answered {status}: {text!r}")
         return status
 
-    def post_log(self, app: str, env: str, body: dict, *, zlib_encoded: bool = False, timeout: float = 10) -> int:
-        """``POST /logjam/logs/{app}/{env}``: published as is under ``logs.<app>-<env>``;
-        with ``zlib_encoded`` the body goes zlib-compressed (``Content-Encoding: zlib``)
-        and is published so, with compression 1 in its meta. Raises unless 202."""
+    def post_log(self, app: str, env: str, body: dict, *, encoding: str | None = None, timeout: float = 10) -> int:
+        """``POST /logjam/logs/{app}/{env}``: published as is under ``logs.<app>-<env>``.
+        With ``encoding`` (``zlib``, ``snappy`` or ``lz4``) the body goes compressed so, in
+        the format of logjam's meta compression ids (``wire.logjam.compress_body``), with
+        ``Content-Encoding: <encoding>``; the forwarder publishes it as it came, with that
+        compression in its meta. Raises unless 202."""
         data = json.dumps(body).encode()
         headers = {}
-        if zlib_encoded:
-            data = zlib.compress(data)
-            headers["Content-Encoding"] = "zlib"
+        if encoding is not None:
+            data = logjam.compress_body(data, ENCODINGS[encoding])
+            headers["Content-Encoding"] = encoding
         return self._post(f"/logjam/logs/{app}/{env}", data, headers, timeout)
 
     def post_event(self, app: str, env: str, body: dict, *, timeout: float = 10) -> int:

@@ -2,7 +2,10 @@
 
 Proves the build (``log_courier_shipper.ensure_built``) and the config that
 ``Shipper`` writes: N lines on the shipper's stdin arrive as N events whose
-``message`` is the line, and the shipper exits by itself once all are acknowledged.
+``message`` is the line, the shipper's HELO is the protocol's vector, it sends EVNT
+exactly when the VERS flags allow it, and once all is acknowledged it has finished
+(2.12.0 then waits for SIGTERM, which ``Shipper.wait`` sends; see
+``docs/protocols/log_courier.md``).
 The end-to-end test against ``logrouter``'s own courier source supersedes this one;
 the fake receiver here is checked on its own against the protocol's test vectors
 (docs: shared/protocols/log-courier.md §10), so the file tests something even where
@@ -21,7 +24,7 @@ import zlib
 
 import pytest
 
-from log_courier_shipper import Shipper, ensure_built_with_reason
+from log_courier_shipper import FINISHED, Shipper, ensure_built_with_reason
 
 HELO_2_12_0 = bytes.fromhex(
     "48454c4f00000020" "00000000000000020000000c00000000" "4c434f52000000000000000000000000"
@@ -256,11 +259,10 @@ def test_real_shipper_delivers_stdin_lines(log_courier_bin, tmp_path, evnt):
     assert code == 0, f"shipper did not exit 0 by itself after stdin EOF ({code}):\n{output}"
     assert receiver.errors == [], output
     assert sorted(receiver.messages()) == sorted(lines), output
-    assert len(receiver.helos) >= 1 and receiver.helos[0][16:20] == b"LCOR"
-    # Which message kind the shipper picks for this server's VERS (reported, not required):
-    print(f"payload kinds with evnt={evnt}: {receiver.kinds}")
-    if not evnt:
-        assert set(receiver.kinds) == {"JDAT"}
+    # the whole 32-byte HELO body is the vector's: flags 0, version 2.12.0, LCOR, zeros
+    assert len(receiver.helos) >= 1 and receiver.helos[0] == HELO_2_12_0[8:]
+    # the shipper streams (EVNT) exactly when the VERS flags say the server can take it
+    assert set(receiver.kinds) == ({"EVNT"} if evnt else {"JDAT"})
 
 
 def test_real_shipper_over_tls_with_client_certificate(log_courier_bin, tmp_path, pki):
@@ -278,7 +280,7 @@ def test_real_shipper_over_tls_with_client_certificate(log_courier_bin, tmp_path
 
 
 def test_shipper_process_lifecycle_with_a_stand_in(tmp_path):
-    """start/write/close/wait/output/stop, with a shell script in place of the binary."""
+    """start/write/close/wait/output/stop, with shell scripts in place of the binary."""
     stand_in = tmp_path / "stand-in"
     stand_in.write_text('#!/bin/sh\necho "args: $*"\nwc -l\n')
     stand_in.chmod(0o755)
@@ -289,6 +291,21 @@ def test_shipper_process_lifecycle_with_a_stand_in(tmp_path):
         out = shipper.output()
     assert "-config" in out and "-stdin" in out and out.split()[-1] == "3"
 
+    # 2.12.0 after stdin EOF: everything acknowledged, the pipeline stopped, the process
+    # waits for a signal; wait() sends SIGTERM on FINISHED and returns the exit code.
+    finished = tmp_path / "finished"
+    finished.write_text(
+        "#!/bin/sh\ntrap 'echo Exiting; exit 0' TERM\ncat >/dev/null\n"
+        f"echo '2026/01/01 00:00:00.000000 {FINISHED}'\nwhile :; do sleep 0.1; done\n"
+    )
+    finished.chmod(0o755)
+    with Shipper(finished, 5043, workdir=tmp_path / "finished-run") as shipper:
+        shipper.write_lines(["a"])
+        assert shipper.wait(0.3) is None  # stdin still open: at work
+        shipper.close_stdin()
+        assert shipper.wait(10) == 0
+        assert shipper.output().splitlines()[-1] == "Exiting"
+
     hung = tmp_path / "hung"
     hung.write_text("#!/bin/sh\ntrap '' TERM\nwhile :; do sleep 1; done\n")
     hung.chmod(0o755)
@@ -298,3 +315,24 @@ def test_shipper_process_lifecycle_with_a_stand_in(tmp_path):
         assert shipper.wait(0.5) is None
         proc = shipper.proc
     assert proc.returncode is not None and time.monotonic() - started < 15
+
+
+def test_sent_twice_reads_the_failed_queueing_from_the_log(tmp_path):
+    """2.12.0's log when the connection breaks as a payload is queued (abridged from a
+    real run): that payload's 1024 events go out twice. Events held for other reasons
+    (the resend queue, too many payloads pending) are sent once."""
+    shipper = Shipper("/nonexistent/log-courier", 5043, workdir=tmp_path)
+    shipper.output_path.write_text(
+        "2026/11/27 00:32:52.117221 [E 127.0.0.1:51963] Sending payload 62f65ad8 with 1024 events\n"
+        "2026/11/27 00:32:52.129644 [T 127.0.0.1:36660 > 127.0.0.1:51963] Sending EVNT payload with nonce"
+        " 62f65ad8 and 1024 events\n"
+        "2026/11/27 00:32:52.129671 [P 127.0.0.1:51963] Forcing endpoint failure: invalid connection state\n"
+        "2026/11/27 00:32:52.129690 [P 127.0.0.1:51963] 5 payloads pulled back for resend (5 total now held for resend)\n"
+        "2026/11/27 00:32:52.129700 Holding 1024 new events until an endpoint is ready\n"
+        "2026/11/27 00:32:52.207733 Holding 784 new events until the resend queue is flushed\n"
+        "2026/11/27 00:32:53.100000 Maximum pending payloads of 10 reached, holding 1024 new events\n"
+        "2026/11/27 00:32:55.175357 [E 127.0.0.1:51963] Sending payload 9efd3234 with 1024 events\n"
+    )
+    assert shipper.sent_twice() == 1024
+    shipper.output_path.write_text("2026/11/27 00:32:52.117221 Log Courier v2.12.0 starting up\n")
+    assert shipper.sent_twice() == 0

@@ -1,20 +1,21 @@
 """The real logjam producer into the real daemon: logjam-tools' Go ``http-forwarder``.
 
-The forwarder (``tests/logjam_forwarder.py``, built from the Go module proxy) takes logs
+The forwarder (``tests/logjam_forwarder.py``, built from logjam-tools' sources) takes logs
 over HTTP and publishes them on its ZeroMQ PUB socket as a logjam device, heartbeats
 every 5 s included; the daemon's ``logjam`` source subscribes to it (``connect``) and
 lands them in a parquet lake. Every log posted must be in the lake exactly once, under
 ``logjam.<app>.<env>``, with the forwarder's device id and topic, and no gap, duplicate
 or restart counted for the device. Once the SUB has heard a heartbeat (ZeroMQ's slow
-joiner) nothing is lost on loopback, so lost must be 0. Some logs go zlib-compressed
-(``Content-Encoding: zlib``, published with compression 1), and a second run has the
-forwarder compress the rest with snappy (``-x snappy``, used when it is smaller).
+joiner) nothing is lost on loopback, so lost must be 0. Three logs in four are posted
+compressed (``Content-Encoding`` zlib, snappy, lz4: published as they came, with
+compression 1, 2, 3 in the meta), and two more runs have the forwarder compress the rest
+itself (``-x zlib``, ``-x snappy``: Go's encoders, used when the result is smaller).
 
 A forced gap (the PUB dropping for a slow subscriber) is tested with pyzmq peers in
 ``tests/test_logjam_source.py``; it is hard to force against the real daemon here.
 
-Skipped, with the reason, when the forwarder cannot be built (no Go, the proxy refuses
-``github.com/skaes/logjam-tools/go``, no ``libzmq3-dev``); set
+Skipped, with the reason, when the forwarder cannot be built (no Go, no logjam-tools
+tarball in the peers folder, no ``libzmq3-dev``); set
 ``LOGROUTER_LOGJAM_FORWARDER_BIN`` to an ``http-forwarder`` binary to run it anyway.
 """
 
@@ -33,7 +34,8 @@ pytestmark = pytest.mark.timeout(600)  # the first test may build the forwarder 
 APP, ENV = "shop", "prod"
 DEVICE_ID = 7
 N = 200
-PADDING = "GET /products/42 HTTP/1.1 " * 8  # compressible, so -x snappy is used
+PADDING = "GET /products/42 HTTP/1.1 " * 8  # compressible, so -x zlib/snappy is used
+ENCODINGS = [None, "zlib", "snappy", "lz4"]  # Content-Encoding of log n: ENCODINGS[n % 4]
 
 
 CONFIG = """
@@ -69,7 +71,7 @@ def forwarder_binary():
     return binary
 
 
-@pytest.mark.parametrize("compress", [None, "snappy"], ids=["plain", "snappy"])
+@pytest.mark.parametrize("compress", [None, "zlib", "snappy"], ids=["plain", "zlib", "snappy"])
 def test_forwarder_logs_into_the_lake_exactly_once(tmp_path, forwarder_binary, compress) -> None:
     with Forwarder(forwarder_binary, device_id=DEVICE_ID, compress=compress, workdir=tmp_path / "fwd") as fwd:
         (tmp_path / "router").mkdir()
@@ -86,7 +88,7 @@ def test_forwarder_logs_into_the_lake_exactly_once(tmp_path, forwarder_binary, c
                 request_id = f"{APP}-{ENV}-{n:032x}"
                 started_ms = 1_700_000_000_000 + n * 1000
                 body = {"request_id": request_id, "started_ms": started_ms, "n": n, "path": PADDING}
-                assert fwd.post_log(APP, ENV, body, zlib_encoded=n % 3 == 0) == 202
+                assert fwd.post_log(APP, ENV, body, encoding=ENCODINGS[n % 4]) == 202
                 posted[request_id] = started_ms
 
             wait_until(
