@@ -83,6 +83,7 @@ class Router:
         self.config = config
         self.reactor = reactor
         self.errors = RoutedErrors(self, reactor)
+        self.errors.on_flushed = self._check_drained
         spool = config.spool
         self.spool = SpoolLog(reactor, spool["path"], spool["durability"], spool["segment_bytes"])
         self.max_spool_bytes = spool["max_bytes"]
@@ -129,6 +130,7 @@ class Router:
         self._snapshot: defer.Deferred | None = None
         self._reloading = False
         self._reload_done: defer.Deferred | None = None
+        self._storing = 0  # appends whose outcome (routed, or refused) is not known yet
 
     def _build_routes(self) -> dict[str, list[Any]]:
         """Per batch source (a source's name, or ``<component>.errors`` for dead letters),
@@ -177,8 +179,10 @@ class Router:
         self.events_in += len(batch.events)
         durability = self.durability.get(batch.source) or self.spool.durability
         d = self.spool.append(payload, durability)
+        self._storing += 1
         d.addCallback(self._remember, batch, len(payload))
         d.addCallbacks(self._route_live, self._spool_failed, (batch, len(payload), dedupe_key))
+        d.addBoth(self._stored)
         if dedupe_key is not None:
             d.addErrback(self._not_stored, dedupe_key)
         self._check_backpressure()
@@ -186,6 +190,11 @@ class Router:
             d.addErrback(lambda f: self.log.failure("spool write failed", f))
             return defer.succeed(None)
         return d
+
+    def _stored(self, result: Any) -> Any:
+        self._storing -= 1
+        self._check_drained()
+        return result
 
     def _remember(self, written: tuple[int, int], batch: Batch, size: int) -> tuple[int, int]:
         self.recent_batches.add(written[0], batch, size)
@@ -247,6 +256,7 @@ class Router:
             if self.sources.get(batch.source) in self._not_reading:
                 held = [(f, f.sink.queued_bytes) for f in map(self.feeds.__getitem__, targets) if f.held_since is not None]
             try:
+                self.errors.pass_number += 1
                 for node in self.routes.get(batch.source, ()):
                     node.push(batch, position, size, targets)
             except Exception:
@@ -401,6 +411,7 @@ class Router:
                     self.log.error("spool record at {position} cannot be decoded ({error}); skipped",
                                    position=record.offset, error=batch)
                 else:
+                    self.errors.pass_number += 1
                     for node in self.routes.get(batch.source, ()):
                         node.push(batch, record.offset, len(record.payload), feed.targets)
                 self._handed(feed, record.end)
@@ -718,9 +729,13 @@ class Router:
         return feed
 
     def _drained(self) -> bool:
-        """Every working sink has been handed everything the spool holds."""
+        """Every working sink has been handed everything the spool holds and is done with
+        it, and no dead letter is on its way into the spool."""
+        if self._storing or self.errors.pending:
+            return False
         return all(
-            not feed.started or feed.sink.failing or feed.delivered >= self.routed_end for feed in self.feeds.values()
+            not feed.started or feed.sink.failing or (feed.delivered >= self.routed_end and feed.sink.settled())
+            for feed in self.feeds.values()
         )
 
     def _drain(self, timeout: float) -> defer.Deferred:
@@ -731,7 +746,8 @@ class Router:
         behind = {
             f.name: self.routed_end - f.delivered for f in self.feeds.values() if f.started and f.delivered < self.routed_end
         }
-        self.log.info("stopping: sinks catching up with the spool first: {behind} bytes behind", behind=behind)
+        if behind:
+            self.log.info("stopping: sinks catching up with the spool first: {behind} bytes behind", behind=behind)
         self._drain_waiter = defer.Deferred()
         for feed in self.feeds.values():
             self._catch_up(feed)
