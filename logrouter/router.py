@@ -30,6 +30,7 @@ from logrouter import dedupe, routes
 from logrouter.batch import Batch
 from logrouter.config.load import Config
 from logrouter.errors import RoutedErrors
+from logrouter.retired import RetiredSources
 from logrouter.routes import FilterNode
 from logrouter.serial import defer_to_thread
 from logrouter.sinks.state import SinkState
@@ -78,8 +79,12 @@ class SinkFeed:
 class Router:
     log = Logger(namespace="logrouter.router")
 
-    def __init__(self, config: Config, reactor: Any, *, worker: int = 0, passed: Any = None) -> None:
-        """``worker`` and ``passed``: see ``SourceContext`` (set in a worker process)."""
+    def __init__(
+        self, config: Config, reactor: Any, *, worker: int = 0, passed: Any = None, run_blocking: Any = defer_to_thread
+    ) -> None:
+        """``worker`` and ``passed``: see ``SourceContext`` (set in a worker process).
+        ``run_blocking(function, *args)``: a Deferred of a blocking call run off the
+        reactor, for the saved routes (``logrouter.retired``); tests pass a synchronous one."""
         self.config = config
         self.reactor = reactor
         self.errors = RoutedErrors(self, reactor)
@@ -103,6 +108,7 @@ class Router:
         }
         # A source's own `durability` overrides the spool's for its batches.
         self.durability = {name: c.options.get("durability", "") for name, c in config.sources.items()}
+        self.retired = RetiredSources(spool["path"], self.errors, run_blocking)
         self.routes = self._build_routes()
         self.feeds = {name: self._new_feed(name, sink) for name, sink in self.sinks.items()}
         self.routed_end = 0
@@ -133,10 +139,11 @@ class Router:
         self._storing = 0  # appends whose outcome (routed, or refused) is not known yet
 
     def _build_routes(self) -> dict[str, list[Any]]:
-        """Per batch source (a source's name, or ``<component>.errors`` for dead letters),
-        the nodes its batches are pushed to."""
+        """Per batch source (a source's name, ``<component>.errors`` for dead letters, or a
+        removed source whose stored batches a sink has still to pass), the nodes its
+        batches are pushed to."""
         built, self.errors.routed = routes.build(self.config, self.filters, self.sinks, self.errors)
-        return built
+        return {**self.retired.routes(self.sinks, self.config), **built}
 
     # -- taking batches in --------------------------------------------------------------
 
@@ -438,6 +445,8 @@ class Router:
         ):
             self._release_hold(feed)
         self._check_backpressure()
+        if self.retired.entries:
+            self._release_retired()
         self._trim()
         if not feed.live:
             self._catch_up(feed)
@@ -571,6 +580,10 @@ class Router:
         self.spool.open()
         self.routed_end = self.spool.end
         yield threads.deferToThread(self._load_dedupe)
+        saved = yield defer_to_thread(self.retired.load)
+        self.retired.start(saved, self.config, self.spool.end)
+        self.routes = self._build_routes()
+        yield self.retired.save(self.config)  # before a source stores anything under this graph
         for feed in self.feeds.values():
             if self.stop_requested:
                 return
@@ -586,6 +599,8 @@ class Router:
                     backlog=self.spool.end - cursor,
                 )
             self._catch_up(feed)
+        self._release_retired()
+        self._log_retired()
         for source in self.sources.values():
             if self.stop_requested:
                 return
@@ -608,11 +623,13 @@ class Router:
 
         Sources and sinks whose type and options did not change keep running (a kept
         source keeps its socket and connections; a kept filter its state). Sources that
-        go stop gracefully first, so every batch they stored is acked; sinks that go are
-        taken off the routes, get no more batches and commit what they were handed; then
-        filters and routes are built again, new sinks recover their cursors and catch up,
-        and new sources start. The spool is not trimmed while this runs (a sink being
-        replaced has no feed for a moment, and its cursor must still hold the spool).
+        go stop gracefully first, so every batch they stored is acked (a removed one's
+        batches keep its route until the sinks it named passed them: ``logrouter.retired``);
+        sinks that go are taken off the routes, get no more batches and commit what they
+        were handed; then filters and routes are built again (and saved with the retired
+        sources), new sinks recover their cursors and catch up, and new sources start.
+        The spool is not trimmed while this runs (a sink being replaced has no feed for a
+        moment, and its cursor must still hold the spool).
         A component that cannot start is left out of the running config, so the next
         reload tries it again. A stop waits for a reload under way. See ``logrouter.reload``.
         """
@@ -648,6 +665,8 @@ class Router:
                 if not self.paused:  # held for a sink only: let it read what its senders sent while it drains
                     source.resume_reading()
         yield defer.DeferredList([defer.maybeDeferred(s.stop) for s in leaving], consumeErrors=True)
+        # What a removed source stored keeps its route until every sink it named passed it.
+        self.retired.retire(old, new, self.spool.end)
         # 2. Sinks that go get nothing more, finish a spool read under way, and commit.
         for name in plan.stop_sinks:
             feed = self.feeds.pop(name, None)
@@ -704,6 +723,7 @@ class Router:
             feed.sink.advance(feed.delivered)
             self.feeds[feed.name] = feed
             self._catch_up(feed)
+        yield self.retired.save(config)
         # 5. New sources start last, once everything downstream of them is in place.
         for name in list(plan.start_sources):
             source = self.sources[name]
@@ -719,7 +739,25 @@ class Router:
                 continue
         self._apply_reading()
         self._check_backpressure()
+        self._release_retired()
+        self._log_retired()
+        plan.retired = self.retired.describe()
         return plan
+
+    def _log_retired(self) -> None:
+        for line in self.retired.describe():
+            self.log.info("removed source {route}: its stored batches keep their route until these sinks pass them",
+                          route=line)
+
+    def _release_retired(self) -> None:
+        """Drop the routes of removed sources every sink they named has passed."""
+        cursors = {name: feed.sink.cursor for name, feed in self.feeds.items() if feed.started}
+        released = self.retired.release(cursors)
+        if released:
+            self.log.info("removed sources {names}: every sink passed their stored batches; their routes are dropped",
+                          names=", ".join(released))
+            self.routes = self._build_routes()
+            self.retired.save(self.config)
 
     def _new_feed(self, name: str, sink: Any) -> SinkFeed:
         feed = SinkFeed(name, sink)
@@ -840,6 +878,7 @@ class Router:
             self.log.failure("closing the spool failed")
         if self._snapshot is not None:
             yield self._snapshot
+        yield self.retired.idle()
         if self._snapshot_loaded:
             try:
                 yield threads.deferToThread(

@@ -4,7 +4,9 @@
 running filter and sink objects into the routes the router pushes batches down: per
 batch source (a source's name, or ``<component>.errors`` for dead letters) the nodes
 that take it. Each node knows the sinks it reaches, so a batch meant for some sinks
-only (a sink catching up) skips the branches that lead elsewhere.
+only (a sink catching up) skips the branches that lead elsewhere. The router builds
+the routes of the running config here, and ``logrouter.retired`` those of removed
+sources whose stored batches some sink has not passed yet.
 """
 
 from __future__ import annotations
