@@ -56,8 +56,13 @@ class RoutedErrors(LoggedErrors):
     whose ``errors`` output is taken (``routed``, set by the router's route builder).
 
     ``position`` is the spool position of the record being routed while a filter or a
-    sink runs (set by the router's nodes), else None. Reports are gathered during a
-    reactor turn and stored at its end, one batch per (component, tag, position).
+    sink runs (set by the router's nodes), else None; ``pass_number`` is bumped by the
+    router for each spool record it routes. Reports are gathered during a reactor turn
+    and stored at its end, one batch per (component, tag, position), from the first pass
+    over that record only (two sinks catching up through one filter in the same turn
+    report its failures twice);
+    ``pending`` says some are gathered, and ``on_flushed()`` is called once they were
+    handed to the router (a stop waits for them to reach their sinks).
     """
 
     def __init__(self, router: Any, reactor: Any) -> None:
@@ -67,20 +72,32 @@ class RoutedErrors(LoggedErrors):
         self.routed: set[str] = set()
         self.position: int | None = None
         self.dead_letters = 0
-        self._pending: dict[tuple[str, str, int | None], list[tuple[int, dict[str, Any]]]] = {}
+        self.pass_number = 0
+        self._pending: dict[tuple[str, str, int | None], tuple[int, list[tuple[int, dict[str, Any]]]]] = {}
         self._flush_call: Any = None
         self._logged_at: dict[str, float] = {}
         self._unlogged: dict[str, int] = {}
+        self.on_flushed: Any = lambda: None
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._pending)
 
     def __call__(self, component: str, tag: str, record: Any, reason: str) -> None:
         if component not in self.routed:
             super().__call__(component, tag, record, reason)
             return
+        key = (component, tag, self.position)
+        pending = self._pending.get(key)
+        if pending is None:
+            pending = self._pending[key] = (self.pass_number, [])
+        elif pending[0] != self.pass_number and self.position is not None:
+            return  # a second pass over the record reports what the first one did
         self.counts[component] = self.counts.get(component, 0) + 1
         self.dead_letters += 1
         now = self.reactor.seconds()
         event = {"component": component, "reason": reason, "event": record}
-        self._pending.setdefault((component, tag, self.position), []).append((int(now * 1_000_000_000), event))
+        pending[1].append((int(now * 1_000_000_000), event))
         if self._flush_call is None:
             self._flush_call = self.reactor.callLater(0, self.flush)
         self._log(component, tag, reason, now)
@@ -107,9 +124,10 @@ class RoutedErrors(LoggedErrors):
             self._flush_call.cancel()
         self._flush_call = None
         pending, self._pending = self._pending, {}
-        for (component, tag, position), events in pending.items():
+        for (component, tag, position), (_, events) in pending.items():
             key = None if position is None else f"{position}|{tag}".encode("utf-8", "surrogateescape")
             d = self.router.ingest(Batch(tag, events, f"{component}.errors"), key)
             d.addErrback(
                 lambda f, c=component: self.log.failure("dead letters of {component} could not be stored", f, component=c)
             )
+        self.on_flushed()

@@ -5,7 +5,8 @@ reload does (``Router.reconfigure`` carries it out):
 
 * a source whose type and options are unchanged **keeps** its listening socket and its
   connections; a changed or removed one is stopped gracefully (its stored batches get
-  their acks), a changed or new one is started;
+  their acks), a changed or new one is started; a removed one's stored batches keep its
+  route until every sink it named has passed them (``logrouter.retired``; ``retired``);
 * a sink whose type and options are unchanged keeps running (its inputs may change: that
   only changes the routes); a changed one is stopped (it commits what it was handed) and
   started again from the cursor it saved; a removed one is stopped; a new one starts
@@ -47,6 +48,9 @@ class ReloadPlan:
     needs_restart: list[str] = field(default_factory=list)
     #: components that could not start (``kind.name: reason``); left out, retried by the next reload
     failed: list[str] = field(default_factory=list)
+    #: removed sources whose stored batches keep their route until the sinks it names pass
+    #: them (``source → sinks (until spool position N)``; ``logrouter.retired``)
+    retired: list[str] = field(default_factory=list)
 
     @property
     def changes(self) -> bool:
@@ -68,6 +72,8 @@ class ReloadPlan:
                 parts.append(f"{label}: {', '.join(names)}")
         if self.routes_changed:
             parts.append("filters and routes rebuilt")
+        if self.retired:
+            parts.append(f"stored events of removed sources still routed until their sinks pass them: {'; '.join(self.retired)}")
         if self.failed:
             parts.append(f"could not start (left out, retried by the next reload): {', '.join(self.failed)}")
         if self.needs_restart:

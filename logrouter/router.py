@@ -26,10 +26,12 @@ from typing import Any, Iterator
 from twisted.internet import defer, threads
 from twisted.logger import Logger
 
-from logrouter import dedupe
+from logrouter import dedupe, routes
 from logrouter.batch import Batch
-from logrouter.config.load import ERRORS_OUTPUT, Config
-from logrouter.errors import LoggedErrors, RoutedErrors
+from logrouter.config.load import Config
+from logrouter.errors import RoutedErrors
+from logrouter.retired import RetiredSources
+from logrouter.routes import FilterNode
 from logrouter.serial import defer_to_thread
 from logrouter.sinks.state import SinkState
 from logrouter.sources.base import Source, SourceContext, build_source
@@ -52,83 +54,6 @@ SPOOL_RETRY_SECS = (1.0, 30.0)  # first and longest pause after the spool's disk
 
 class UnstorableBatch(ValueError):
     """A batch the spool cannot hold (it cannot be encoded, or is too large): refused, never acked."""
-
-
-def _records_of(batch: Batch, position: int) -> list:
-    """The records of a batch whose filter or sink raised, for the error path; none, and
-    a log line, when they cannot be decoded either (a deferred batch: what raised may
-    have been that)."""
-    try:
-        return [record for _, record in batch.events]
-    except Exception as e:  # noqa: BLE001 - reported here, the record is skipped
-        Router.log.error("spool record at {position} cannot be decoded ({error}); skipped",
-                         position=position, error=f"{type(e).__name__}: {e}")
-        return []
-
-
-class FilterNode:
-    """A filter, the nodes that take its outputs and the sinks reachable through it.
-
-    ``children`` maps an output to the nodes that take it: ``None`` is the filter's main
-    output; a filter with named outputs (``route``) returns ``{output: batch}`` from
-    ``process`` and each batch goes to the nodes of its output.
-    """
-
-    def __init__(self, name: str, component: Any, errors: LoggedErrors) -> None:
-        self.name = name
-        self.component = component
-        self.errors = errors
-        self.children: dict[str | None, list[Any]] = {}
-        self.reach: frozenset[str] = frozenset()
-
-    def push(self, batch: Batch, position: int, size: int, targets: frozenset[str]) -> None:
-        if self.reach.isdisjoint(targets):
-            return
-        errors = self.errors
-        errors.position = position  # what the filter reports comes from this spool record
-        try:
-            out = self.component.process(batch)
-        except Exception as e:
-            # A filter bug must not take the router down; its whole batch goes to the error path.
-            for record in _records_of(batch, position):
-                errors(self.name, batch.tag, record, f"filter raised {type(e).__name__}: {e}")
-            return
-        finally:
-            errors.position = None
-        if out is None:
-            return
-        if out.__class__ is dict:
-            for output, part in out.items():
-                if part is not None and part.events:
-                    for child in self.children.get(output, ()):
-                        child.push(part, position, size, targets)
-            return
-        if not out.events:
-            return
-        for child in self.children.get(None, ()):
-            child.push(out, position, size, targets)
-
-
-class SinkNode:
-    def __init__(self, name: str, component: Any, errors: LoggedErrors) -> None:
-        self.name = name
-        self.component = component
-        self.errors = errors
-        self.reach = frozenset((name,))
-
-    def push(self, batch: Batch, position: int, size: int, targets: frozenset[str]) -> None:
-        if self.name in targets:
-            errors = self.errors
-            errors.position = position
-            try:
-                self.component.write(batch, position, size)
-            except Exception as e:
-                # A batch the sink cannot take (a bug, a value it cannot encode) would fail
-                # the same way on every retry: it goes to the error path, the sink goes on.
-                for record in _records_of(batch, position):
-                    errors(self.name, batch.tag, record, f"sink raised {type(e).__name__}: {e}")
-            finally:
-                errors.position = None
 
 
 class SinkFeed:
@@ -154,11 +79,16 @@ class SinkFeed:
 class Router:
     log = Logger(namespace="logrouter.router")
 
-    def __init__(self, config: Config, reactor: Any, *, worker: int = 0, passed: Any = None) -> None:
-        """``worker`` and ``passed``: see ``SourceContext`` (set in a worker process)."""
+    def __init__(
+        self, config: Config, reactor: Any, *, worker: int = 0, passed: Any = None, run_blocking: Any = defer_to_thread
+    ) -> None:
+        """``worker`` and ``passed``: see ``SourceContext`` (set in a worker process).
+        ``run_blocking(function, *args)``: a Deferred of a blocking call run off the
+        reactor, for the saved routes (``logrouter.retired``); tests pass a synchronous one."""
         self.config = config
         self.reactor = reactor
         self.errors = RoutedErrors(self, reactor)
+        self.errors.on_flushed = self._check_drained
         spool = config.spool
         self.spool = SpoolLog(reactor, spool["path"], spool["durability"], spool["segment_bytes"])
         self.max_spool_bytes = spool["max_bytes"]
@@ -178,6 +108,7 @@ class Router:
         }
         # A source's own `durability` overrides the spool's for its batches.
         self.durability = {name: c.options.get("durability", "") for name, c in config.sources.items()}
+        self.retired = RetiredSources(spool["path"], self.errors, run_blocking)
         self.routes = self._build_routes()
         self.feeds = {name: self._new_feed(name, sink) for name, sink in self.sinks.items()}
         self.routed_end = 0
@@ -205,38 +136,14 @@ class Router:
         self._snapshot: defer.Deferred | None = None
         self._reloading = False
         self._reload_done: defer.Deferred | None = None
+        self._storing = 0  # appends whose outcome (routed, or refused) is not known yet
 
     def _build_routes(self) -> dict[str, list[Any]]:
-        """Per batch source (a source's name, or ``<component>.errors`` for dead letters),
-        the nodes its batches are pushed to."""
-        config = self.config
-        nodes: dict[str, Any] = {name: FilterNode(name, f, self.errors) for name, f in self.filters.items()}
-        nodes.update({name: SinkNode(name, s, self.errors) for name, s in self.sinks.items()})
-        for component in (*config.filters.values(), *config.sinks.values()):
-            consumer = nodes.get(component.name)
-            if consumer is None:
-                continue
-            for reference in component.inputs:
-                upstream, output = config.split_input(reference)
-                if upstream in self.filters and output != ERRORS_OUTPUT:
-                    nodes[upstream].children.setdefault(output, []).append(consumer)
-        routed = {config.split_input(o)[0] for o in config.error_outputs()}
-        every_sink = frozenset(self.sinks)
-        for name in routed:
-            if isinstance(nodes.get(name), FilterNode):
-                # Its dead letters are consumed: it runs whatever sink a batch is for.
-                nodes[name].reach = every_sink
-
-        def reach(node: Any) -> frozenset[str]:
-            if isinstance(node, FilterNode) and not node.reach:
-                node.reach = frozenset().union(*(reach(c) for group in node.children.values() for c in group))
-            return node.reach
-
-        for node in nodes.values():
-            reach(node)
-        entries = [*self.sources, *config.error_outputs()]
-        self.errors.routed = routed
-        return {entry: [nodes[c.name] for c in config.downstream(entry) if c.name in nodes] for entry in entries}
+        """Per batch source (a source's name, ``<component>.errors`` for dead letters, or a
+        removed source whose stored batches a sink has still to pass), the nodes its
+        batches are pushed to."""
+        built, self.errors.routed = routes.build(self.config, self.filters, self.sinks, self.errors)
+        return {**self.retired.routes(self.sinks, self.config), **built}
 
     # -- taking batches in --------------------------------------------------------------
 
@@ -279,8 +186,10 @@ class Router:
         self.events_in += len(batch.events)
         durability = self.durability.get(batch.source) or self.spool.durability
         d = self.spool.append(payload, durability)
+        self._storing += 1
         d.addCallback(self._remember, batch, len(payload))
         d.addCallbacks(self._route_live, self._spool_failed, (batch, len(payload), dedupe_key))
+        d.addBoth(self._stored)
         if dedupe_key is not None:
             d.addErrback(self._not_stored, dedupe_key)
         self._check_backpressure()
@@ -288,6 +197,11 @@ class Router:
             d.addErrback(lambda f: self.log.failure("spool write failed", f))
             return defer.succeed(None)
         return d
+
+    def _stored(self, result: Any) -> Any:
+        self._storing -= 1
+        self._check_drained()
+        return result
 
     def _remember(self, written: tuple[int, int], batch: Batch, size: int) -> tuple[int, int]:
         self.recent_batches.add(written[0], batch, size)
@@ -349,6 +263,7 @@ class Router:
             if self.sources.get(batch.source) in self._not_reading:
                 held = [(f, f.sink.queued_bytes) for f in map(self.feeds.__getitem__, targets) if f.held_since is not None]
             try:
+                self.errors.pass_number += 1
                 for node in self.routes.get(batch.source, ()):
                     node.push(batch, position, size, targets)
             except Exception:
@@ -503,6 +418,7 @@ class Router:
                     self.log.error("spool record at {position} cannot be decoded ({error}); skipped",
                                    position=record.offset, error=batch)
                 else:
+                    self.errors.pass_number += 1
                     for node in self.routes.get(batch.source, ()):
                         node.push(batch, record.offset, len(record.payload), feed.targets)
                 self._handed(feed, record.end)
@@ -529,6 +445,8 @@ class Router:
         ):
             self._release_hold(feed)
         self._check_backpressure()
+        if self.retired.entries:
+            self._release_retired()
         self._trim()
         if not feed.live:
             self._catch_up(feed)
@@ -662,6 +580,10 @@ class Router:
         self.spool.open()
         self.routed_end = self.spool.end
         yield threads.deferToThread(self._load_dedupe)
+        saved = yield defer_to_thread(self.retired.load)
+        self.retired.start(saved, self.config, self.spool.end)
+        self.routes = self._build_routes()
+        yield self.retired.save(self.config)  # before a source stores anything under this graph
         for feed in self.feeds.values():
             if self.stop_requested:
                 return
@@ -677,6 +599,8 @@ class Router:
                     backlog=self.spool.end - cursor,
                 )
             self._catch_up(feed)
+        self._release_retired()
+        self._log_retired()
         for source in self.sources.values():
             if self.stop_requested:
                 return
@@ -699,11 +623,13 @@ class Router:
 
         Sources and sinks whose type and options did not change keep running (a kept
         source keeps its socket and connections; a kept filter its state). Sources that
-        go stop gracefully first, so every batch they stored is acked; sinks that go are
-        taken off the routes, get no more batches and commit what they were handed; then
-        filters and routes are built again, new sinks recover their cursors and catch up,
-        and new sources start. The spool is not trimmed while this runs (a sink being
-        replaced has no feed for a moment, and its cursor must still hold the spool).
+        go stop gracefully first, so every batch they stored is acked (a removed one's
+        batches keep its route until the sinks it named passed them: ``logrouter.retired``);
+        sinks that go are taken off the routes, get no more batches and commit what they
+        were handed; then filters and routes are built again (and saved with the retired
+        sources), new sinks recover their cursors and catch up, and new sources start.
+        The spool is not trimmed while this runs (a sink being replaced has no feed for a
+        moment, and its cursor must still hold the spool).
         A component that cannot start is left out of the running config, so the next
         reload tries it again. A stop waits for a reload under way. See ``logrouter.reload``.
         """
@@ -739,6 +665,8 @@ class Router:
                 if not self.paused:  # held for a sink only: let it read what its senders sent while it drains
                     source.resume_reading()
         yield defer.DeferredList([defer.maybeDeferred(s.stop) for s in leaving], consumeErrors=True)
+        # What a removed source stored keeps its route until every sink it named passed it.
+        self.retired.retire(old, new, self.spool.end)
         # 2. Sinks that go get nothing more, finish a spool read under way, and commit.
         for name in plan.stop_sinks:
             feed = self.feeds.pop(name, None)
@@ -795,6 +723,7 @@ class Router:
             feed.sink.advance(feed.delivered)
             self.feeds[feed.name] = feed
             self._catch_up(feed)
+        yield self.retired.save(config)
         # 5. New sources start last, once everything downstream of them is in place.
         for name in list(plan.start_sources):
             source = self.sources[name]
@@ -810,7 +739,25 @@ class Router:
                 continue
         self._apply_reading()
         self._check_backpressure()
+        self._release_retired()
+        self._log_retired()
+        plan.retired = self.retired.describe()
         return plan
+
+    def _log_retired(self) -> None:
+        for line in self.retired.describe():
+            self.log.info("removed source {route}: its stored batches keep their route until these sinks pass them",
+                          route=line)
+
+    def _release_retired(self) -> None:
+        """Drop the routes of removed sources every sink they named has passed."""
+        cursors = {name: feed.sink.cursor for name, feed in self.feeds.items() if feed.started}
+        released = self.retired.release(cursors)
+        if released:
+            self.log.info("removed sources {names}: every sink passed their stored batches; their routes are dropped",
+                          names=", ".join(released))
+            self.routes = self._build_routes()
+            self.retired.save(self.config)
 
     def _new_feed(self, name: str, sink: Any) -> SinkFeed:
         feed = SinkFeed(name, sink)
@@ -820,9 +767,13 @@ class Router:
         return feed
 
     def _drained(self) -> bool:
-        """Every working sink has been handed everything the spool holds."""
+        """Every working sink has been handed everything the spool holds and is done with
+        it, and no dead letter is on its way into the spool."""
+        if self._storing or self.errors.pending:
+            return False
         return all(
-            not feed.started or feed.sink.failing or feed.delivered >= self.routed_end for feed in self.feeds.values()
+            not feed.started or feed.sink.failing or (feed.delivered >= self.routed_end and feed.sink.settled())
+            for feed in self.feeds.values()
         )
 
     def _drain(self, timeout: float) -> defer.Deferred:
@@ -833,7 +784,8 @@ class Router:
         behind = {
             f.name: self.routed_end - f.delivered for f in self.feeds.values() if f.started and f.delivered < self.routed_end
         }
-        self.log.info("stopping: sinks catching up with the spool first: {behind} bytes behind", behind=behind)
+        if behind:
+            self.log.info("stopping: sinks catching up with the spool first: {behind} bytes behind", behind=behind)
         self._drain_waiter = defer.Deferred()
         for feed in self.feeds.values():
             self._catch_up(feed)
@@ -926,6 +878,7 @@ class Router:
             self.log.failure("closing the spool failed")
         if self._snapshot is not None:
             yield self._snapshot
+        yield self.retired.idle()
         if self._snapshot_loaded:
             try:
                 yield threads.deferToThread(

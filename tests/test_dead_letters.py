@@ -228,3 +228,102 @@ inputs = ["check.errors"]
     spin(reactor, router.ingest(Batch("t", [(1, {"bad": True}), (2, {"ok": 1})], "in")))
     got = CollectSink.got
     settle(router, lambda: len(got["a"]) == 2 and len(got["dl"]) == 1)
+
+
+# -- a graceful stop delivers the dead letters it stores ------------------------------------
+
+
+def stop_right_after(router: Router, d: defer.Deferred) -> defer.Deferred:
+    """The router's stop, asked for the moment ``d`` (a batch stored) fires."""
+    stopped: defer.Deferred = defer.Deferred()
+    d.addCallback(lambda _: router.stop().chainDeferred(stopped))
+    return stopped
+
+
+def test_a_stop_right_after_an_ack_delivers_that_batchs_dead_letters(running) -> None:
+    from twisted.internet import reactor
+
+    router = running(BODY)
+    router.sources = {}  # nothing to drain: the stop reaches the sinks at once
+    events = [(1, {"n": j, "bad": j % 2 == 1}) for j in range(6)]
+    spin(reactor, stop_right_after(router, router.ingest(Batch("app", events, "in"), b"chunk-1")))
+    got = CollectSink.got
+    assert sorted(r["n"] for _, _, r in got["a"]) == [0, 2, 4]
+    assert sorted(r["event"]["n"] for _, _, r in got["dl"]) == [1, 3, 5]
+
+
+def test_a_sink_catching_up_at_the_stop_gets_the_dead_letters_of_what_it_reads(running) -> None:
+    from twisted.internet import reactor
+
+    # One sink takes the filter's output and its dead letters; it is behind the spool
+    # when the stop comes, so the filter reports them while the stop lets it catch up.
+    router = running('[filters.f]\ntype = "test_reject"\ninputs = ["in"]\n'
+                     '[sinks.both]\ntype = "test_collect"\ninputs = ["f", "f.errors"]\n')
+    router.feeds["both"].live = False
+    events = [(1, {"n": j, "bad": j % 2 == 1}) for j in range(6)]
+    spin(reactor, stop_right_after(router, router.ingest(Batch("app", events, "in"), b"chunk-1")))
+    got = CollectSink.got["both"]
+    assert sorted(r["n"] for _, source, r in got if source == "in") == [0, 2, 4]
+    assert sorted(r["event"]["n"] for _, source, r in got if source == "f.errors") == [1, 3, 5]
+
+
+class LateRefusingSink(CollectSink):
+    """Refuses records with ``bad`` a reactor turn after it was handed them, as a sink whose
+    work runs in a thread does; ``settled`` until then is False."""
+
+    def write(self, batch: Batch, position: int, size: int) -> None:
+        from twisted.internet import reactor
+
+        self.queued_bytes += size
+        reactor.callLater(0, self._refuse, batch, size)
+
+    def _refuse(self, batch: Batch, size: int) -> None:
+        for _, record in batch.events:
+            if record.get("bad"):
+                self.errors(self.name, batch.tag, record, "cannot take it")
+        self.queued_bytes -= size
+        self.on_progress()
+
+    def settled(self) -> bool:
+        return self.queued_bytes == 0
+
+
+def test_what_a_sink_refuses_while_the_stop_drains_reaches_its_error_sink(running) -> None:
+    from twisted.internet import reactor
+
+    registry.sink("test_late")(LateRefusingSink)
+    try:
+        router = running('[sinks.s]\ntype = "test_late"\ninputs = ["in"]\n'
+                         '[sinks.dl]\ntype = "test_collect"\ninputs = ["s.errors"]\n')
+        router.sources = {}
+        events = [(1, {"n": j, "bad": j == 2}) for j in range(3)]
+        spin(reactor, stop_right_after(router, router.ingest(Batch("app", events, "in"), b"chunk-1")))
+        assert [r["event"]["n"] for _, _, r in CollectSink.got["dl"]] == [2]
+    finally:
+        del registry.SINKS["test_late"]
+
+
+def test_a_second_pass_over_a_record_in_the_same_turn_stores_no_second_copy() -> None:
+    # Two sinks catching up through one filter read the same spool record, each pass
+    # reporting its failures; both reads may end in one reactor turn.
+    from twisted.internet import task
+
+    from logrouter.errors import RoutedErrors
+
+    stored = []
+
+    class Router:
+        def ingest(self, batch, key):
+            stored.append((key, [e["event"]["n"] for _, e in batch.events]))
+            return defer.succeed(None)
+
+    errors = RoutedErrors(Router(), task.Clock())
+    errors.routed = {"f"}
+    for _ in range(2):
+        errors.pass_number += 1
+        errors.position = 700
+        errors("f", "t", {"n": 1}, "bad")
+        errors("f", "t", {"n": 1}, "bad")  # the same record twice in one batch: both kept
+        errors.position = None
+    errors.flush()
+    assert stored == [(b"700|t", [1, 1])]

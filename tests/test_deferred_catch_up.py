@@ -236,7 +236,7 @@ def test_the_file_sink_writes_a_deferred_record_like_a_decoded_one(tmp_path):
 def test_a_deferred_batch_that_cannot_be_decoded_never_escapes_a_node(log_lines):
     # A filter reading it raises, or a sink's write raises: the error path wants its
     # records, which cannot be decoded either; the node logs and goes on.
-    from logrouter.router import FilterNode, SinkNode
+    from logrouter.routes import FilterNode, SinkNode
 
     def broken():
         raise ValueError("bad record")

@@ -163,7 +163,7 @@ def test_damaged_state_file_never_stops_startup(tmp_path):
 
 def test_a_sink_that_raises_sends_the_batch_to_the_error_path():
     from logrouter.errors import LoggedErrors
-    from logrouter.router import SinkNode
+    from logrouter.routes import SinkNode
 
     class Broken:
         def write(self, batch, position, size):

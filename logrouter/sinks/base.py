@@ -130,6 +130,12 @@ class SinkBase:
         """Drop whatever was done since the last commit, before being fed from ``cursor``."""
         return None
 
+    def settled(self) -> bool:
+        """Nothing handed over is still being worked on that may yet be reported to the
+        error path: a graceful stop waits for it, so that the dead letters reach their
+        sinks before those stop. True for a sink that reports in ``write`` itself."""
+        return True
+
     def succeeded(self) -> None:
         """A unit of work went through: the next failure starts the backoff afresh."""
         self._retry_delay = 0.0

@@ -1,4 +1,4 @@
-"""A sink's durable state: one small JSON file replaced atomically.
+"""A sink's durable state: one small JSON file replaced atomically (``replace_file``).
 
 A sink keeps its spool cursor here, and a file sink its commit record (files to
 publish, per-partition high-water marks). Replacing the file is the commit point:
@@ -48,19 +48,25 @@ class SinkState:
             return None
 
     def save(self, state: dict[str, Any]) -> None:
-        directory = os.path.dirname(self.path) or "."
-        os.makedirs(directory, exist_ok=True)
-        temporary = self.path + ".tmp"
-        with open(temporary, "wb") as f:
-            f.write(json.dumps(state, separators=(",", ":")).encode())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, self.path)
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        replace_file(self.path, json.dumps(state, separators=(",", ":")).encode())
+
+
+def replace_file(path: str, data: bytes) -> None:
+    """Make ``data`` the content of ``path`` atomically and durably: a temporary file,
+    fsync'd, renamed over it, then the directory fsync'd."""
+    directory = os.path.dirname(path) or "."
+    os.makedirs(directory, exist_ok=True)
+    temporary = path + ".tmp"
+    with open(temporary, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(temporary, path)
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 class CursorSaver:

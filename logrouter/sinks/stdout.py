@@ -113,6 +113,9 @@ class StdoutSink(CursorOnly):
             self.errors(self.name, tag, record, reason)
         self.on_progress()
 
+    def settled(self) -> bool:
+        return self.queued_bytes == 0  # written, refusals reported
+
     def _lost(self, failure: Any) -> None:
         self.queued_bytes = 0
         self.failures += 1

@@ -56,6 +56,9 @@ class WorkerSink(SinkBase):
     def advance(self, end: int) -> None:
         self.fed_end = end
 
+    def settled(self) -> bool:
+        return self.queued_bytes == 0  # the rows handed over went through the worker, refusals reported
+
     def _tick(self) -> None:
         if not self.worker.busy and not self.failing and not self._stopped:
             self._submit((TICK,))
