@@ -198,6 +198,7 @@ class Router:
         self._spool_retry_delay = 0.0
         self._spool_retry_call: Any = None
         self._drain_waiter: defer.Deferred | None = None
+        self._storing: set[defer.Deferred] = set()  # fire once each batch in the spool's queue is routed
         self.metrics_port: Any = None
         self._snapshot_position = 0
         self._snapshot_loaded = False  # the id window was read back whole (a stop can cut that short)
@@ -281,6 +282,9 @@ class Router:
         d = self.spool.append(payload, durability)
         d.addCallback(self._remember, batch, len(payload))
         d.addCallbacks(self._route_live, self._spool_failed, (batch, len(payload), dedupe_key))
+        routed: defer.Deferred = defer.Deferred()
+        self._storing.add(routed)
+        d.addBoth(lambda result: (self._storing.discard(routed), routed.callback(None), result)[-1])
         if dedupe_key is not None:
             d.addErrback(self._not_stored, dedupe_key)
         self._check_backpressure()
@@ -900,6 +904,10 @@ class Router:
             # No hold starts once stopping: sources read what their senders sent while they drain.
             self._release_hold(feed)
         yield defer.DeferredList([defer.maybeDeferred(s.stop) for s in self.sources.values()], consumeErrors=True)
+        # The sources no longer wait for the batches of connections their clients closed
+        # before the stop: the sinks' drain below must count them, so they are stored first.
+        if self._storing:
+            yield defer.DeferredList(list(self._storing), consumeErrors=True)
         # The spool stays open while the sinks catch up: dead letters their filters report
         # on the way are stored and delivered like any batch (sources no longer add any).
         limit = float(self.config.router["shutdown_timeout_secs"])
