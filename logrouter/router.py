@@ -129,6 +129,7 @@ class Router:
         self._spool_retry_delay = 0.0
         self._spool_retry_call: Any = None
         self._drain_waiter: defer.Deferred | None = None
+        self._storing: set[defer.Deferred] = set()  # fire once each batch in the spool's queue is routed
         self.metrics_port: Any = None
         self._snapshot_position = 0
         self._snapshot_loaded = False  # the id window was read back whole (a stop can cut that short)
@@ -136,7 +137,6 @@ class Router:
         self._snapshot: defer.Deferred | None = None
         self._reloading = False
         self._reload_done: defer.Deferred | None = None
-        self._storing = 0  # appends whose outcome (routed, or refused) is not known yet
 
     def _build_routes(self) -> dict[str, list[Any]]:
         """Per batch source (a source's name, ``<component>.errors`` for dead letters, or a
@@ -186,10 +186,11 @@ class Router:
         self.events_in += len(batch.events)
         durability = self.durability.get(batch.source) or self.spool.durability
         d = self.spool.append(payload, durability)
-        self._storing += 1
         d.addCallback(self._remember, batch, len(payload))
         d.addCallbacks(self._route_live, self._spool_failed, (batch, len(payload), dedupe_key))
-        d.addBoth(self._stored)
+        routed: defer.Deferred = defer.Deferred()
+        self._storing.add(routed)
+        d.addBoth(self._stored, routed)
         if dedupe_key is not None:
             d.addErrback(self._not_stored, dedupe_key)
         self._check_backpressure()
@@ -198,8 +199,10 @@ class Router:
             return defer.succeed(None)
         return d
 
-    def _stored(self, result: Any) -> Any:
-        self._storing -= 1
+    def _stored(self, result: Any, routed: defer.Deferred) -> Any:
+        # An append's outcome (routed, or refused) is known: a stop or drain waiting on it goes on.
+        self._storing.discard(routed)
+        routed.callback(None)
         self._check_drained()
         return result
 
@@ -852,6 +855,10 @@ class Router:
             # No hold starts once stopping: sources read what their senders sent while they drain.
             self._release_hold(feed)
         yield defer.DeferredList([defer.maybeDeferred(s.stop) for s in self.sources.values()], consumeErrors=True)
+        # The sources no longer wait for the batches of connections their clients closed
+        # before the stop: the sinks' drain below must count them, so they are stored first.
+        if self._storing:
+            yield defer.DeferredList(list(self._storing), consumeErrors=True)
         # The spool stays open while the sinks catch up: dead letters their filters report
         # on the way are stored and delivered like any batch (sources no longer add any).
         limit = float(self.config.router["shutdown_timeout_secs"])

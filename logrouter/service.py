@@ -51,9 +51,7 @@ class RouterService(service.Service):
             try:
                 self._spool_lock = lock_spool(self.config.spool["path"])
             except (SpoolInUse, OSError) as e:
-                from twisted.python.failure import Failure
-
-                self.reactor.callWhenRunning(self._failed, Failure(e))
+                fail_start(self.reactor, self.log, str(e))
                 return
         self.router = self.build_router()
         self.router.reload_hook = self.reload  # POST /reload on the metrics endpoint
@@ -113,10 +111,7 @@ class RouterService(service.Service):
             self.router.compaction = self.compaction  # type: ignore[union-attr]  # read by metrics
 
     def _failed(self, failure: Any) -> None:
-        self.log.critical("logrouter could not start: {error}", error=failure.getErrorMessage())
-        # twistd has no exit status of its own for a failed start; a supervisor needs one.
-        self.reactor.addSystemEventTrigger("after", "shutdown", _exit_failed)
-        self.reactor.stop()
+        fail_start(self.reactor, self.log, failure.getErrorMessage())
 
     def stopService(self) -> defer.Deferred:
         super().stopService()
@@ -192,6 +187,20 @@ def install_sighup(reactor: Any, reload: Any) -> None:
     if not hasattr(reactor, "callFromThread"):
         return
     signal.signal(signal.SIGHUP, lambda number, frame: reactor.callFromThread(reload))
+
+
+def fail_start(reactor: Any, log: Logger, why: str) -> None:
+    """Say why the process cannot start, stop it, and have it exit with status 1 (twistd
+    has no exit status of its own for a failed start; systemd and scripts need one).
+
+    twistd calls ``startService`` before ``reactor.run()``, so a failure found on the
+    way (a port taken, a spool locked or unwritable) comes before the reactor runs:
+    ``reactor.stop()`` then raises ``ReactorNotRunning`` and the process would go on
+    running, serving nothing. The stop is therefore made once the reactor runs (at once
+    if it already does)."""
+    log.critical("logrouter could not start: {error}", error=why)
+    reactor.addSystemEventTrigger("after", "shutdown", _exit_failed)
+    reactor.callWhenRunning(lambda: reactor.stop())
 
 
 def _exit_failed() -> None:

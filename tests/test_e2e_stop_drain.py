@@ -9,6 +9,10 @@ runs of EVENTS events each, every wait time-limited, every daemon stopped.
 
 from __future__ import annotations
 
+import socket
+import time
+
+import msgpack
 from fluent import sender
 
 from daemon import Daemon
@@ -51,3 +55,19 @@ def test_events_sent_without_acks_just_before_sigterm_are_kept(tmp_path):
         missing = sorted(set(range(EVENTS)) - set(numbers))
         assert not missing, f"run {run}: {len(missing)} of {EVENTS} events lost, first {missing[:5]}"
         assert len(numbers) == EVENTS
+
+
+def test_events_of_a_connection_closed_just_before_sigterm_are_in_the_lake(tmp_path):
+    """The client sent and closed; the SIGTERM came while its batches were still on their
+    way into the spool. The stop no longer waited for them (their connection was gone),
+    so the sinks committed without them: they reached the lake only at the next start."""
+    with Daemon(tmp_path, CONFIG) as daemon:
+        daemon.start()
+        port = daemon.port("forward")
+        with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
+            sock.sendall(b"".join(msgpack.packb(["app", int(time.time()), {"n": n}]) for n in range(EVENTS)))
+        daemon.stop_gracefully(timeout=60)
+    numbers = lake_column(tmp_path / "lake", "n")
+    missing = sorted(set(range(EVENTS)) - set(numbers))
+    assert not missing, f"{len(missing)} of {EVENTS} events not in the lake, first {missing[:5]}"
+    assert len(numbers) == EVENTS

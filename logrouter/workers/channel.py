@@ -4,7 +4,9 @@ A ``SOCK_SEQPACKET`` socket pair: every message is one JSON object, sent whole o
 all, and may carry file descriptors (``SCM_RIGHTS``). The supervisor sends
 ``{"op": "connection", "source": name}`` with the accepted socket, and requests
 (``metrics``, ``reload``) that the worker answers with the same ``id``; the worker sends
-``{"op": "ready"}`` once its router runs.
+``{"op": "ready"}`` once its router runs. The supervisor's ``{"op": "stop"}`` comes
+behind the connections passed before it, so a worker adopts them all before it stops (a
+worker stopping by itself sends ``{"op": "stopping"}`` and adopts what is waiting).
 
 Both ends are non-blocking and read on the reactor a bounded number of messages per
 turn; a message that does not fit in the socket's buffer right now is not sent (a passed
@@ -13,6 +15,7 @@ connection is then closed: its client reconnects).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -28,6 +31,7 @@ MAX_MESSAGE = 1 << 22  # the largest reply (a worker's metrics page)
 BUFFER_BYTES = 1 << 23
 MAX_FDS = 8
 MESSAGES_PER_TURN = 64
+MESSAGES_AT_STOP = 1 << 16  # more than the channel's buffer holds connection messages
 
 
 def channel_pair() -> tuple[socket.socket, socket.socket]:
@@ -72,6 +76,8 @@ class Channel:
             return False
         except OSError as e:
             self.log.warn("worker channel: cannot send ({error})", error=e)
+            if e.errno in (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN):
+                self.close()  # the other end is gone
             return False
         return True
 
@@ -80,7 +86,18 @@ class Channel:
         return -1 if self.closed else self.sock.fileno()
 
     def doRead(self) -> None:
-        for _ in range(MESSAGES_PER_TURN):
+        self._read(MESSAGES_PER_TURN)
+
+    def drain(self, limit: int = MESSAGES_AT_STOP) -> None:
+        """Handle every message already waiting (up to ``limit``), now: a worker that
+        stops adopts first the connections passed to it before the stop."""
+        if not self.closed:
+            self._read(limit)
+
+    def _read(self, limit: int) -> None:
+        for _ in range(limit):
+            if self.closed:
+                return
             try:
                 data, fds, flags, _ = socket.recv_fds(self.sock, MAX_MESSAGE, MAX_FDS)
             except (BlockingIOError, InterruptedError):

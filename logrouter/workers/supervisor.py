@@ -1,12 +1,24 @@
 """The supervisor of ``[router] workers = N``: listeners, worker processes, one metrics page.
 
-It binds the listening socket of every shared source (``plan.shared_sources``), starts
-the workers and, once every worker's router runs, accepts connections and passes each
-one to worker ``plan.worker_for(peer IP, N)`` over that worker's channel. TLS is done in
-the worker. A worker that exits is started again (its spool is recovered like after any
-crash) after a pause that doubles up to 30 s; meanwhile the connections that would go
-to it are closed, so their clients retry and meet it, and its dedupe window, once it is
-back. A graceful stop stops accepting, sends SIGTERM to every worker and waits for them.
+It binds the socket of every shared source (``plan.shared_sources``), starts the workers
+and, once every worker's router runs, listens (``listener.py``: no client's connect
+completes before a worker can read it) and passes each accepted connection to worker
+``plan.worker_for(peer IP, N)`` over that worker's channel. TLS is done in the worker.
+
+A start that fails (an address that cannot be bound or listened on, a worker that exits
+before it runs or does not run within ``START_TIMEOUT_SECS``) stops the workers started
+and exits with status 1, saying why (``service.fail_start``).
+
+A worker that exits is started again (its spool is recovered like after any crash) after
+a pause that doubles up to 30 s; meanwhile the connections that would go to it are held
+unread, up to ``HELD_PER_WORKER`` (more are closed, their clients retry), and passed to
+it once it runs again, so it is the worker whose dedupe window knows their resends.
+
+A graceful stop reads what connections already delivered: the listeners pass on what
+their backlog holds (a close would reset it, data and all), then close; each worker is
+asked to stop over its channel, behind the connections passed to it (a SIGTERM could
+overtake them), so it adopts and drains them. Only connections held for a worker that
+is down when the stop comes are closed unread.
 
 It also runs what must run once: compaction, and the metrics endpoint, whose ``/metrics``
 sums the workers' pages (``metrics.py``) and whose ``POST /reload`` (like SIGHUP) has
@@ -16,7 +28,6 @@ every worker re-read the config file.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import functools
 import itertools
 import json
@@ -27,21 +38,20 @@ from typing import Any
 
 from twisted.application import service
 from twisted.internet import defer, endpoints, protocol
-from twisted.internet.interfaces import IReadDescriptor
 from twisted.logger import Logger, LogLevel
 from twisted.web import resource, server
-from zope.interface import implementer
 
 from logrouter.config.endpoints import listen_address
 from logrouter.config.load import Config, ConfigError, load_file, warnings
 from logrouter.metrics import answer_reload
-from logrouter.service import _exit_failed, install_sighup, quiet_repeated_stops, start_compaction
+from logrouter.service import fail_start, install_sighup, quiet_repeated_stops, start_compaction
 from logrouter.sources.stream import normal_ip
 from logrouter.workers import plan
 from logrouter.workers.channel import Channel, channel_pair
+from logrouter.workers.listener import Listener
 from logrouter.workers.metrics import merge
 
-ACCEPTS_PER_TURN = 64
+HELD_PER_WORKER = 256  # connections kept unread for a worker that is restarting
 RESTART_SECS = (1.0, 30.0)
 STEADY_SECS = 60.0  # a worker up this long has its restart pause start again from the first
 START_TIMEOUT_SECS = 300.0
@@ -55,77 +65,6 @@ def _logger(namespace: str) -> Logger:
 
 
 _LEVELS = {level.name: level for level in (LogLevel.debug, LogLevel.info, LogLevel.warn, LogLevel.error, LogLevel.critical)}
-
-
-@implementer(IReadDescriptor)
-class Listener:
-    """A shared source's listening socket: accepts and hands each connection to a worker."""
-
-    log = Logger(namespace="logrouter.source")
-
-    def __init__(self, supervisor: "SupervisorService", name: str, source_type: str, listen: str) -> None:
-        self.supervisor = supervisor
-        self.name = name
-        self.type = source_type
-        self.listen = listen
-        self.sock: socket.socket | None = None
-        self.address: tuple[str, int] = ("", 0)
-        self.passed = 0
-        self.dropped = 0
-
-    def bind(self) -> tuple[str, int]:
-        _, port, interface = listen_address(self.listen)  # type: ignore[misc]
-        kind = endpoints._parseServer(self.listen, None)[0]
-        family = socket.AF_INET6 if kind == "TCP6" or ":" in interface else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((interface or ("::" if family == socket.AF_INET6 else ""), port))
-            sock.listen(1024)
-            sock.setblocking(False)
-        except OSError:
-            sock.close()
-            raise
-        self.sock = sock
-        self.address = sock.getsockname()[:2]
-        return self.address
-
-    def start(self) -> None:
-        self.supervisor.reactor.addReader(self)
-
-    def close(self) -> None:
-        if self.sock is not None:
-            self.supervisor.reactor.removeReader(self)
-            self.sock.close()
-            self.sock = None
-
-    # IReadDescriptor
-    def fileno(self) -> int:
-        return self.sock.fileno() if self.sock is not None else -1
-
-    def doRead(self) -> None:
-        for _ in range(ACCEPTS_PER_TURN):
-            try:
-                connection, address = self.sock.accept()  # type: ignore[union-attr]
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as e:
-                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    self.log.warn("source {name}: cannot accept ({error})", name=self.name, error=e.strerror)
-                return
-            try:
-                if self.supervisor.pass_connection(self.name, address[0], connection):
-                    self.passed += 1
-                else:
-                    self.dropped += 1
-            finally:
-                connection.close()
-
-    def connectionLost(self, reason: Any) -> None:
-        self.close()
-
-    def logPrefix(self) -> str:
-        return f"listener-{self.name}"
 
 
 _ROUTER_KEPT = ("workers", "metrics_listen", "pin_workers")  # supervisor settings, until a restart
@@ -201,6 +140,7 @@ class WorkerProcess(protocol.ProcessProtocol):
         self.started: defer.Deferred = defer.Deferred()  # fires once (first start only)
         self.ended: defer.Deferred | None = None
         self.requests: dict[int, defer.Deferred] = {}
+        self.held: list[tuple[Listener, socket.socket]] = []  # accepted while it was not running
         self.restarts = 0
         self.pause = 0.0
         self.up_since = 0.0
@@ -225,7 +165,10 @@ class WorkerProcess(protocol.ProcessProtocol):
                                             childFDs={0: 0, 1: "r", 2: "r", 3: theirs.fileno()})
         finally:
             theirs.close()
-        self.channel = Channel(supervisor.reactor, ours, self._message, lambda: None)
+        self.channel = Channel(supervisor.reactor, ours, self._message, self._channel_closed)
+
+    def _channel_closed(self) -> None:
+        self.ready = False  # it died (its exit not seen yet) or is going: nothing more for it
 
     def _message(self, message: dict, fds: list[int]) -> None:
         for fd in fds:
@@ -237,6 +180,15 @@ class WorkerProcess(protocol.ProcessProtocol):
                 self.started.callback(self.index)
             elif self.restarts:
                 self.log.info("worker {index} is running again", index=self.index)
+            self.supervisor.worker_ready(self)
+            return
+        if message.get("op") == "stopping":
+            # It stops on its own (a signal sent to it, not to us): what comes for it from
+            # now on is held for its next start; the answer tells it that nothing more
+            # follows the connections already passed.
+            self.ready = False
+            if self.channel is not None:
+                self.channel.send({"op": "stopping"})
             return
         waiting = self.requests.pop(message.get("id"), None)  # type: ignore[arg-type]
         if waiting is not None:
@@ -256,6 +208,12 @@ class WorkerProcess(protocol.ProcessProtocol):
         d.addErrback(lambda failure: failure.trap(defer.TimeoutError, defer.CancelledError) and None)
         d.addBoth(lambda result: (self.requests.pop(ident, None), result)[1])
         return d
+
+    def stop(self) -> None:
+        """Ask it to stop gracefully, over the channel: after the connections passed to it,
+        which it then adopts before it stops. By SIGTERM if the channel cannot take it."""
+        if self.channel is None or not self.channel.send({"op": "stop"}):
+            self.terminate("TERM")
 
     def terminate(self, signal_name: str = "TERM") -> None:
         if self.transport is not None and self.transport.pid is not None:
@@ -300,9 +258,9 @@ class WorkerProcess(protocol.ProcessProtocol):
         signal_number = getattr(reason.value, "signal", None)
         how = f"exit status {code}" if code is not None else f"signal {signal_number}"
         ended, self.ended = self.ended, None
+        self.supervisor.worker_ended(self, how)  # first: the last one to end may end the process
         if ended is not None:
             ended.callback(None)
-        self.supervisor.worker_ended(self, how)
 
 
 class SupervisorService(service.Service):
@@ -340,10 +298,12 @@ class SupervisorService(service.Service):
 
     @defer.inlineCallbacks
     def _start(self) -> Any:
+        # Bound first, listening only once the workers run (listener.py): a taken address
+        # fails the start before any worker is spawned.
         for name in plan.shared_sources(self.config):
             component = self.config.sources[name]
             listener = Listener(self, name, component.cls.TYPE, component.options["listen"])
-            self.addresses[name] = listener.bind()
+            self.addresses[name] = _naming(listener, listener.bind)
             self.listeners[name] = listener
         if self.why:
             self.log.info("workers = auto: {count} workers ({why})", count=self.accepting, why=self.why)
@@ -360,11 +320,12 @@ class SupervisorService(service.Service):
             worker.spawn()
         starting = defer.gatherResults([w.started for w in self.workers], consumeErrors=True)
         starting.addTimeout(START_TIMEOUT_SECS, self.reactor)
+        starting.addErrback(self._late)
         yield starting
         if self.stopping:
             return
         for listener in self.listeners.values():
-            listener.start()
+            _naming(listener, listener.start)
             self._announce(listener)
         listen = self.config.router["metrics_listen"]
         if listen:
@@ -378,20 +339,49 @@ class SupervisorService(service.Service):
         self.compaction = start_compaction(self.config, self.reactor)
         self.log.info("logrouter running ({count} workers)", count=self.count)
 
+    def _late(self, failure: Any) -> None:
+        failure.trap(defer.TimeoutError)
+        late = ", ".join(str(w.index) for w in self.workers if not w.ready)
+        raise RuntimeError(f"worker(s) {late} not running after {START_TIMEOUT_SECS:g}s")
+
     def _failed(self, failure: Any) -> None:
         if self.stopping:
-            return
-        self.log.critical("logrouter could not start: {error}", error=failure.getErrorMessage())
-        self.reactor.addSystemEventTrigger("after", "shutdown", _exit_failed)
-        self.reactor.stop()
+            return  # a stop during the start: nothing failed
+        if failure.check(defer.FirstError):
+            failure = failure.value.subFailure
+        fail_start(self.reactor, self.log, failure.getErrorMessage())
 
     # -- connections ------------------------------------------------------------------
 
-    def pass_connection(self, source: str, host: str, connection: socket.socket) -> bool:
+    def accepted(self, listener: Listener, host: str, connection: socket.socket) -> None:
+        """A connection ``listener`` accepted (ours now): passed to its worker; held unread
+        while that worker is not running (restarting, or dead and not reaped yet), to be
+        passed once it is; closed if its channel is full, the holding is full or a stop
+        has begun."""
         worker = self.workers[plan.worker_for(normal_ip(host), self.accepting)]
+        if self._pass(worker, listener, connection):
+            return
+        if not worker.ready and not self.stopping and len(worker.held) < HELD_PER_WORKER:
+            worker.held.append((listener, connection))
+            return
+        listener.dropped += 1
+        connection.close()
+
+    def _pass(self, worker: WorkerProcess, listener: Listener, connection: socket.socket) -> bool:
         if not worker.ready or worker.channel is None:
             return False
-        return worker.channel.send({"op": "connection", "source": source}, [connection.fileno()])
+        if not worker.channel.send({"op": "connection", "source": listener.name}, [connection.fileno()]):
+            return False
+        connection.close()  # the worker has its own copy of the descriptor
+        listener.passed += 1
+        return True
+
+    def worker_ready(self, worker: WorkerProcess) -> None:
+        held, worker.held = worker.held, []
+        for listener, connection in held:
+            if not self._pass(worker, listener, connection):
+                listener.dropped += 1
+                connection.close()
 
     # -- workers ending ---------------------------------------------------------------
 
@@ -410,7 +400,7 @@ class SupervisorService(service.Service):
         worker.restarts += 1
         self.log.error(
             "worker {index} exited ({how}); starting it again in {pause:.0f}s (its spool is recovered; "
-            "its clients' connections are closed meanwhile and they reconnect)",
+            "its clients' new connections wait for it meanwhile)",
             index=worker.index, how=how, pause=worker.pause,
         )
         self.reactor.callLater(worker.pause, self._restart, worker)
@@ -426,13 +416,24 @@ class SupervisorService(service.Service):
         self.stopping = True
         self.log.info("logrouter stopping: no new connections; stopping {count} workers", count=len(self.workers))
         for listener in self.listeners.values():
+            listener.take_backlog()  # passed on, not reset by the close
             listener.close()
+        for worker in self.workers:
+            if worker.held:
+                self.log.warn(
+                    "closing {count} connection(s) held unread for worker {index}, which is not running",
+                    count=len(worker.held), index=worker.index,
+                )
+            for listener, connection in worker.held:
+                listener.dropped += 1
+                connection.close()
+            worker.held = []
         compaction = self.compaction.stopService() if self.compaction is not None else defer.succeed(None)
         ends = []
         for worker in self.workers:
             if worker.ended is not None:
                 ends.append(worker.ended)
-                worker.terminate("TERM")
+                worker.stop()
         waiting = defer.DeferredList(ends, consumeErrors=True)
         limit = self.config.router["shutdown_timeout_secs"]
         if limit:
@@ -457,6 +458,7 @@ class SupervisorService(service.Service):
             labels = {"worker": str(worker.index)}
             yield "logrouter_worker_up", "gauge", labels, 1 if worker.ready else 0
             yield "logrouter_worker_restarts_total", "counter", labels, worker.restarts
+            yield "logrouter_worker_held_connections", "gauge", labels, len(worker.held)
         for listener in self.listeners.values():
             labels = {"source": listener.name}
             yield "logrouter_supervisor_connections_passed_total", "counter", labels, listener.passed
@@ -569,3 +571,11 @@ class SupervisorService(service.Service):
         return max(60.0, float(self.config.router["shutdown_timeout_secs"] or 0))
 
 
+def _naming(listener: Listener, step: Any) -> Any:
+    """``step()`` (bind or listen); an ``OSError`` becomes the start's failure, naming
+    the source and its address."""
+    try:
+        return step()
+    except OSError as e:
+        raise RuntimeError(f"sources.{listener.name}.listen: cannot listen on {listener.listen!r}: "
+                           f"{e.strerror or e}") from None

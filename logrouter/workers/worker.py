@@ -23,12 +23,15 @@ import socket
 import sys
 from typing import Any
 
+from twisted.internet import defer
 from twisted.logger import FileLogObserver, Logger, formatEvent, globalLogBeginner
 
 from logrouter.config.load import ConfigError, load_file
 from logrouter.service import RouterService
 from logrouter.workers.channel import Channel, PassedConnections
 from logrouter.workers.plan import worker_config
+
+STOPPING_ANSWER_SECS = 5.0
 
 
 def die_with_parent(parent: int) -> None:
@@ -86,6 +89,9 @@ class WorkerService(RouterService):
         self.index = index
         self.config_transform = lambda loaded: worker_config(loaded, index, count, set(passed.addresses))
         self.passed = passed
+        self.stop_begun = False
+        self.stop_asked = False  # by the supervisor, behind the connections it passed us
+        self.stopping_answered: defer.Deferred | None = None
         self.channel = Channel(reactor, channel_socket, self._message, self._supervisor_gone)
 
     def build_router(self) -> Any:
@@ -98,12 +104,22 @@ class WorkerService(RouterService):
 
     def _running(self, result: Any) -> None:
         super()._running(result)
-        self.channel.send({"op": "ready"})
+        if self.running:  # not if a stop came during the start
+            self.channel.send({"op": "ready"})
 
     def _message(self, message: dict, fds: list[int]) -> None:
         op = message.get("op")
         if op == "connection":
             self.passed.adopt(str(message.get("source")), fds)
+            return
+        if op == "stop":
+            self.stop_asked = True
+            if not self.stop_begun:
+                self.reactor.stop()
+            return
+        if op == "stopping":  # the supervisor's answer: it passes us nothing more
+            if self.stopping_answered is not None and not self.stopping_answered.called:
+                self.stopping_answered.callback(None)
             return
         for fd in fds:
             os.close(fd)  # only connections come with descriptors
@@ -120,7 +136,28 @@ class WorkerService(RouterService):
                 lambda result: self.channel.send({"op": "reloaded", "id": message.get("id"), "ok": result[0], "text": result[1]})
             )
 
+    def stopService(self) -> Any:
+        """Adopt every connection passed to this worker before its router stops, so its
+        sources read what their clients sent, like any connection's.
+
+        The supervisor's stop request comes behind the connections it passed. A stop of
+        our own (a SIGTERM sent to this process, a failed start) may overtake some: the
+        supervisor is told, holds what comes for this worker from then on, and answers;
+        what the channel holds up to the answer is adopted (the wait is bounded)."""
+        self.stop_begun = True
+        self.running = False  # a start finishing meanwhile must not report ready any more
+        if self.stop_asked or self.channel.closed:
+            self.channel.drain()
+            return super().stopService()
+        self.stopping_answered = answered = defer.Deferred()
+        self.channel.send({"op": "stopping"})
+        answered.addTimeout(STOPPING_ANSWER_SECS, self.reactor)
+        answered.addErrback(lambda failure: failure.trap(defer.TimeoutError))
+        return answered.addCallback(lambda _: (self.channel.drain(), super(WorkerService, self).stopService())[1])
+
     def _supervisor_gone(self) -> None:
+        if self.stopping_answered is not None and not self.stopping_answered.called:
+            self.stopping_answered.callback(None)  # nothing more can come
         if self.running:
             self.log.warn("the supervisor's channel closed: stopping")
             self.reactor.stop()
