@@ -14,13 +14,14 @@ import re
 import signal
 import socket
 import threading
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 import pytest
 
-from chunk_client import expected_ids
+from chunk_client import Client, expected_ids
 from daemon import Daemon
 from helpers import lake_column, wait_until
 from test_e2e_workers import addresses_for, connect, send_acked, worker_metrics, worker_pids
@@ -39,24 +40,29 @@ path = "spool"
 [sources.forward]
 type = "fluent_forward"
 listen = "{listen}"
-stop_quiet_secs = 120
-stop_drain_secs = 120
+stop_quiet_secs = {quiet}
+stop_drain_secs = {quiet}
 {forward_extra}
 {extra_sources}
 [sinks.lake]
 type = "parquet"
 inputs = {inputs}
 path = "lake"
-roll_secs = 1
+roll_secs = {roll}
+{extra_sinks}
 """
 
 
 def config(workers: int = 2, listen: str = "tcp:0:interface=127.0.0.1", forward_extra: str = "",
-           more: tuple[str, ...] = ()) -> str:
-    """``more``: names of extra forward sources on ports of their own, all into the lake."""
-    extra = "".join(f'[sources.{name}]\ntype = "fluent_forward"\nlisten = "tcp:0:interface=127.0.0.1"\n' for name in more)
+           more: tuple[str, ...] = (), quiet: float = 120, roll: float = 1, extra_sinks: str = "", more_extra: str = "") -> str:
+    """``more``: names of extra forward sources on ports of their own, all into the lake.
+    ``quiet``: the forward source's stop_quiet_secs and stop_drain_secs (long by default:
+    a held connection keeps its stop draining)."""
+    extra = "".join(f'[sources.{name}]\ntype = "fluent_forward"\nlisten = "tcp:0:interface=127.0.0.1"\n{more_extra}'
+                    for name in more)
     inputs = "[" + ", ".join(f'"{name}"' for name in ("forward", *more)) + "]"
-    return BASE.format(workers=workers, listen=listen, forward_extra=forward_extra, extra_sources=extra, inputs=inputs)
+    return BASE.format(workers=workers, listen=listen, forward_extra=forward_extra, extra_sources=extra, inputs=inputs,
+                       quiet=quiet, roll=roll, extra_sinks=extra_sinks)
 
 
 def metrics_port(daemon: Daemon) -> int:
@@ -146,6 +152,84 @@ def test_a_changed_forward_source_serves_on_every_worker(tmp_path: Path, pki, ch
                 send_acked(sock, [first, first + 1])
         daemon.stop_gracefully()
     assert set(lake_column(tmp_path / "lake", "id")) == expected_ids([0, 1, 10, 11])
+
+
+class LoadSender:
+    """A forward client in a thread, sending acked chunks from one local address (so to
+    one worker) and reconnecting whenever its connection ends, until ``finish``."""
+
+    def __init__(self, port: int, local: str, first_chunk: int) -> None:
+        self.client = Client()
+        self.client.next_chunk = first_chunk
+        self.port, self.local = port, local
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + 240
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            self.client.run(self.port, 1_000_000, deadline, timeout=5, stop=self.stop, source=self.local)
+
+    def acked(self) -> int:
+        return len(self.client.acked)
+
+    def finish(self) -> set[int]:
+        """Stop, then resend what is still unacked; every chunk it sent, all acked."""
+        self.stop.set()
+        self.thread.join(60)
+        assert not self.thread.is_alive()
+        deadline = time.monotonic() + 60
+        while self.client.unacked and time.monotonic() < deadline:
+            self.client.run(self.port, len(self.client.unacked), deadline, timeout=5, source=self.local)
+        assert not self.client.unacked
+        return set(self.client.acked)
+
+
+def test_reloads_of_every_kind_under_load_leave_every_source_serving_on_every_worker(tmp_path: Path) -> None:
+    """Done-when of issue 27: two workers, a sender on each, and reloads that change the
+    forward source, add a source and a sink, change the lake sink and remove the source,
+    and change nothing: each answers 200, both workers serve every configured source
+    (worker 0 the heartbeat too) and every acked event lands in the lake once."""
+    with Daemon(tmp_path, config(quiet=0.5)) as daemon:
+        daemon.start()
+        port, metrics = daemon.port("forward"), metrics_port(daemon)
+        senders = [LoadSender(port, addresses_for(worker, wanted=1)[0], 1_000_000 * worker) for worker in (0, 1)]
+        copy = '[sinks.copy]\ntype = "parquet"\ninputs = ["forward", "more"]\npath = "copy"\nroll_secs = 1\n'
+        steps = [
+            ("a forward option", config(quiet=0.5, forward_extra="idle_timeout_secs = 100"), {"forward"}),
+            ("a new source and sink", config(quiet=0.5, forward_extra="idle_timeout_secs = 100", more=("more",),
+                                             extra_sinks=copy), {"forward", "more"}),
+            # no client on it: before the fix its stop returned before its heartbeat port was closed
+            ("the new source changed", config(quiet=0.5, forward_extra="idle_timeout_secs = 100", more=("more",),
+                                              extra_sinks=copy, more_extra="idle_timeout_secs = 50\n"), {"forward", "more"}),
+            ("the lake changed, the source gone", config(quiet=0.5, forward_extra="idle_timeout_secs = 100", roll=0.7),
+             {"forward"}),
+            ("nothing", config(quiet=0.5, forward_extra="idle_timeout_secs = 100", roll=0.7), {"forward"}),
+        ]
+        extra = 0
+        try:
+            for what, body, sources in steps:
+                before = [sender.acked() for sender in senders]
+                daemon.config.write_text(body)
+                status, text = post_reload(metrics)
+                assert status == 200 and "could not start" not in text, (what, text)
+                for worker in (0, 1):
+                    assert sources_of(metrics, worker) == sources, (what, worker)
+                assert heartbeat(port) == b"\x00", what
+                for sender, had in zip(senders, before):
+                    wait_until(lambda: sender.acked() >= had + 5, 60, f"acks after the reload of {what}")
+                if "more" in sources:
+                    extra += 1
+                    for worker in (0, 1):
+                        with connect(last_port(daemon, "more"), addresses_for(worker, wanted=1)[0]) as sock:
+                            send_acked(sock, [5_000_000 + 10 * extra + worker])
+        finally:
+            acked = [sender.finish() for sender in senders]
+        daemon.stop_gracefully()
+    ids = lake_column(tmp_path / "lake", "id")
+    assert len(ids) == len(set(ids)), "an event landed twice"
+    assert set(ids) == expected_ids(acked[0] | acked[1] | {5_000_000 + 10 * n + w for n in range(1, extra + 1) for w in (0, 1)})
 
 
 def test_overlapping_reloads_end_with_the_last_file_on_every_process(tmp_path: Path) -> None:
