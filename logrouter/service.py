@@ -96,8 +96,8 @@ class RouterService(service.Service):
         from logrouter.config.load import ConfigError
         from logrouter.reload_queue import APPLIED, FAILED, PARTLY, REFUSED, ReloadResult
 
-        if self.router is None:
-            return defer.succeed(ReloadResult(FAILED, "the router is not running"))
+        if self.router is None or not self.running:
+            return defer.succeed(ReloadResult(FAILED, "the router is not running (stopping)"))
         try:
             new = self.read_config()
         except ConfigError as e:

@@ -119,6 +119,7 @@ def service(tmp_path: Path) -> tuple[RouterService, SlowRouter, Path]:
     config = load_string(path.read_text())
     svc = RouterService(config, reactor=task.Clock(), config_path=str(path))
     svc.router = SlowRouter(config)  # type: ignore[assignment]
+    svc.running = True  # as after startService
     return svc, svc.router, path  # type: ignore[return-value]
 
 
@@ -156,3 +157,12 @@ def test_a_refused_file_changes_nothing(tmp_path: Path) -> None:
     result = svc.reload().result
     assert result.outcome == REFUSED and result.status == 409 and "sinks.bad" in result.text
     assert router.calls == []
+
+
+def test_a_reload_waiting_when_the_service_stops_does_not_run(tmp_path: Path) -> None:
+    svc, router, path = service(tmp_path)
+    first, waiting = svc.reload(), svc.reload()
+    svc.running = False  # stopService: the router's stop waits for the reload under way
+    router.finish(0)
+    assert first.result.outcome == APPLIED
+    assert waiting.result.outcome == FAILED and len(router.calls) == 1

@@ -199,3 +199,13 @@ def test_a_worker_is_started_with_the_accepted_config(tmp_path: Path) -> None:
     message = supervisor.reloads.start_message()
     assert message["op"] == "start" and "[sources.more]" in message["config"]
     assert set(message["shared"]) == {"forward", "more"}
+
+
+def test_a_stop_during_a_reload_leaves_no_new_listener_accepting(tmp_path: Path) -> None:
+    workers = [FakeWorker(0)]
+    supervisor = FakeSupervisor(tmp_path, workers)
+    supervisor.write(text(tmp_path, "more"))
+    result = supervisor.reloads.request()
+    supervisor.stopping = True  # stopService closed the listeners it had
+    workers[0].sent[0][1].callback(None)  # the worker stopped: no answer
+    assert result.result.outcome == FAILED and "more" not in supervisor.listeners

@@ -132,6 +132,10 @@ class SupervisorReloads:
         replies = yield defer.gatherResults(
             [worker.request(message) if ready else defer.succeed(None) for worker, ready in zip(supervisor.workers, asked)]
         )
+        if supervisor.stopping:  # its listeners are closed already: the new ones must not accept
+            for listener in opened.values():
+                listener.close()
+            return ReloadResult(FAILED, "the router is stopping")
         for name in closing:
             supervisor.listeners.pop(name).close()
         for name, listener in opened.items():
