@@ -1,7 +1,8 @@
 """Prometheus metrics, a health check and the reload trigger over HTTP (``[router] metrics_listen``).
 
 ``POST /reload`` re-reads the config file and applies it (as SIGHUP does; ``logrouter
-reload`` sends it), answering what changed, or 409 with the errors of a refused config.
+reload`` sends it), answering what changed: 200 when all of it runs, 409 with the errors
+of a refused config, 500 when something could not start or the reload failed.
 
 Each component owns its numbers and says what they are: ``samples()`` yields
 ``(name, type, labels, value)`` for the router (and its spool), every source (the
@@ -87,17 +88,17 @@ class MetricsResource(resource.Resource):
 
 
 def answer_reload(request: server.Request, reloading: Any) -> Any:
-    """Answer ``POST /reload`` once ``reloading`` fires with ``(ok, text)``: 200 with what
-    changed, or 409 with why nothing did."""
+    """Answer ``POST /reload`` once ``reloading`` fires with its ``ReloadResult``: 200 only
+    when everything the config names runs; 409 when it was refused (nothing changed);
+    500 when it was applied in part or failed (``logrouter.reload_queue``). The text says
+    what changed, or why not."""
     request.setHeader(b"content-type", b"text/plain; charset=utf-8")
 
-    def answer(result: tuple[bool, str]) -> None:
-        ok, text = result
+    def answer(result: Any) -> None:
         if request.finished or getattr(request, "_disconnected", False):
             return  # the client went away meanwhile
-        if not ok:
-            request.setResponseCode(409)
-        request.write((text + "\n").encode("utf-8"))
+        request.setResponseCode(result.status)
+        request.write((result.text + "\n").encode("utf-8"))
         request.finish()
 
     reloading.addCallback(answer)

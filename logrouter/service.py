@@ -11,6 +11,7 @@ from twisted.internet import defer, error
 from twisted.logger import Logger
 
 from logrouter.config.load import Config
+from logrouter.reload_queue import ReloadQueue
 from logrouter.router import Router
 
 
@@ -27,7 +28,7 @@ class RouterService(service.Service):
         self.reactor = reactor
         self.config = config
         self.config_path = config_path  # re-read on SIGHUP and POST /reload; None = no reload
-        self.config_transform: Any = None  # applied to each config read (a worker derives its own)
+        self.reloads = ReloadQueue(self._reload_once)
         self._spool_lock: int | None = None  # fd holding <spool>/lock while the process runs
         self.router: Router | None = None
         self.compaction: Any = None  # a CompactionService when [compaction] enabled = true
@@ -66,35 +67,55 @@ class RouterService(service.Service):
         install_sighup(self.reactor, self.reload if self.config_path is not None else None)
 
     def reload(self) -> defer.Deferred:
-        """Re-read the config file and apply the difference to the running graph.
+        """Re-read the config file and apply the difference to the running graph; fires
+        with a ``ReloadResult`` (``logrouter.reload_queue``): what changed, or why not.
 
         A config with errors is refused: the errors are logged and the running graph is
-        untouched. Fires with ``(ok, text)``: what changed, or why nothing did.
+        untouched. Reloads run one at a time: one asked while another runs waits for it,
+        then reads the file again (several waiting share that one run).
         """
-        from logrouter.config.load import ConfigError, load_file
+        from logrouter.reload_queue import REFUSED, ReloadResult
 
         if self.config_path is None or self.router is None:
-            return defer.succeed((False, "reload is not available (no config file)"))
-        self.log.info("reloading the config from {path}", path=self.config_path)
+            return defer.succeed(ReloadResult(REFUSED, "reload is not available (no config file)"))
+        if self.reloads.running:
+            self.log.info("reload asked while another runs: it waits for the reload under way, then reads the config again")
+        return self.reloads.request()
+
+    def read_config(self) -> Config:
+        """The config a reload applies: the file, read again (``ConfigError`` if it has errors)."""
+        from logrouter.config.load import load_string, read_text
+
+        text = read_text(self.config_path)  # type: ignore[arg-type]
+        self.log.info("reloading the config from {path}", path=self.config_path)  # (what a later edit changes is not)
+        return load_string(text, self.config_path)  # type: ignore[arg-type]
+
+    def _reload_once(self) -> defer.Deferred:
+        from logrouter.config.load import ConfigError
+        from logrouter.reload_queue import APPLIED, FAILED, PARTLY, REFUSED, ReloadResult
+
+        if self.router is None or not self.running:
+            return defer.succeed(ReloadResult(FAILED, "the router is not running (stopping)"))
         try:
-            new = load_file(self.config_path)
-            if self.config_transform is not None:
-                new = self.config_transform(new)
+            new = self.read_config()
         except ConfigError as e:
             for problem in e.errors:
                 self.log.error("reload refused: {error}", error=problem)
-            return defer.succeed((False, "refused, the running config is unchanged:\n" + "\n".join(e.errors)))
+            return defer.succeed(ReloadResult(REFUSED, "refused, the running config is unchanged:\n" + "\n".join(e.errors)))
         d = self.router.reconfigure(new)
 
-        def applied(plan: Any) -> tuple[bool, str]:
+        def applied(plan: Any) -> ReloadResult:
             self.config = self.router.config  # type: ignore[union-attr]
             summary = plan.summary()
+            if plan.failed:
+                self.log.error("config reloaded in part: {summary}", summary=summary)
+                return ReloadResult(PARTLY, summary)
             self.log.info("config reloaded: {summary}", summary=summary)
-            return True, summary
+            return ReloadResult(APPLIED, summary)
 
-        def failed(failure: Any) -> tuple[bool, str]:
+        def failed(failure: Any) -> ReloadResult:
             self.log.error("reload failed: {error}", error=failure.getErrorMessage())
-            return False, f"reload failed: {failure.getErrorMessage()}"
+            return ReloadResult(FAILED, f"reload failed: {failure.getErrorMessage()}")
 
         return d.addCallbacks(applied, failed)
 

@@ -7,7 +7,7 @@ import sys
 
 from twisted.python import usage
 
-from logrouter.config.load import ConfigError, load_file
+from logrouter.config.load import ConfigError, load_string, read_text
 
 DEFAULT_CONFIG = "etc/logrouter.toml"
 
@@ -22,7 +22,8 @@ def makeService(options: Options):
     from logrouter.service import RouterService
 
     try:
-        config = load_file(options["config"])
+        text = read_text(options["config"])  # with workers, the text they all start from
+        config = load_string(text, options["config"])
     except ConfigError as e:
         from logrouter.cli import invalid_config_header
 
@@ -35,5 +36,5 @@ def makeService(options: Options):
     if processes(config) > 1:
         from logrouter.workers.supervisor import SupervisorService
 
-        return SupervisorService(config, config_path=os.path.abspath(options["config"]))
+        return SupervisorService(config, config_path=os.path.abspath(options["config"]), config_text=text)
     return RouterService(config, config_path=os.path.abspath(options["config"]))

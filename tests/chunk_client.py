@@ -43,11 +43,13 @@ class Client:
         self.sent_once: set[int] = set()
         self.progress = threading.Condition()
 
-    def run(self, port: int, max_chunks: int, deadline: float, timeout: float = 10, stop: threading.Event | None = None) -> None:
+    def run(self, port: int, max_chunks: int, deadline: float, timeout: float = 10, stop: threading.Event | None = None,
+            source: str | None = None) -> None:
         """Until the connection breaks (the daemon was killed), or the bounds are hit, or
-        ``stop`` is set (checked between chunks)."""
+        ``stop`` is set (checked between chunks). ``source``: the local address to connect from."""
         try:
-            sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+            sock = socket.create_connection(("127.0.0.1", port), timeout=timeout,
+                                            source_address=(source, 0) if source else None)
         except OSError:
             return
         unpacker = msgpack.Unpacker(raw=True)

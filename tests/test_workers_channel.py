@@ -455,7 +455,7 @@ def config(workers=2, metrics="tcp:0:interface=127.0.0.1", listen="tcp:24224:int
 
 def test_kept_until_restart() -> None:
     """What the supervisor keeps as running on a reload (TCP/TLS sources are applied)."""
-    from logrouter.workers.supervisor import _kept_until_restart
+    from logrouter.workers.reloads import kept_until_restart as _kept_until_restart
 
     old = config()
     assert _kept_until_restart(old, config()) == []

@@ -167,21 +167,28 @@ def outputs_of(component: Component) -> list[str] | None:
 
 def load_file(path: str) -> Config:
     """Read and validate ``path``; raise ``ConfigError`` with every problem found."""
+    return load_string(read_text(path), path)
+
+
+def read_text(path: str) -> str:
+    """The text of the config file ``path`` (``ConfigError`` if it cannot be read)."""
     try:
         with open(path, "rb") as f:
-            raw = tomllib.load(f)
+            data = f.read()
     except OSError as e:
         raise ConfigError([f"{path}: cannot read: {e.strerror or e}"]) from None
-    except tomllib.TOMLDecodeError as e:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
         raise ConfigError([f"{path}: not valid TOML: {e}"]) from None
-    return validate(raw)
 
 
-def load_string(text: str) -> Config:
+def load_string(text: str, origin: str = "") -> Config:
+    """Validate a config's text; ``origin`` (its file) starts the message of a TOML error."""
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError([f"not valid TOML: {e}"]) from None
+        raise ConfigError([f"{origin + ': ' if origin else ''}not valid TOML: {e}"]) from None
     return validate(raw)
 
 

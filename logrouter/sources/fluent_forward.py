@@ -471,10 +471,13 @@ class FluentForwardSource(StreamSource):
         )
 
     def stop(self) -> defer.Deferred:
+        """The stream source's stop, done only once the heartbeat's UDP port is closed too:
+        a reload starts the changed source again on the same port right after (a passed
+        TCP port is released at once, so nothing else would wait for it)."""
         udp_port, self.udp_port = self.udp_port, None
-        if udp_port is not None:
-            udp_port.stopListening()
+        released = defer.maybeDeferred(udp_port.stopListening) if udp_port is not None else defer.succeed(None)
         d = super().stop()  # waits for offloaded messages too (they are in ``pending``)
+        d.addBoth(lambda result: released.addBoth(lambda _: result))
         return d.addBoth(lambda result: self.offload_pool.stop().addCallback(lambda _: result))
 
     def resume_reading(self) -> None:

@@ -289,7 +289,8 @@ class PravegaSource(AckingSource, StreamSource):
         controller = self.controller
         if controller is not None:
             self.controller = None
-            d.addCallback(lambda _: self.context.run_in_thread(controller.stop, 1.0))
+            # also when the stream stop failed: a port left bound would refuse the restart
+            d.addBoth(lambda result: self.context.run_in_thread(controller.stop, 1.0).addBoth(lambda _: result))
         return d
 
     # -- what the connections share -------------------------------------------------------

@@ -24,7 +24,11 @@ What this module owns, and nothing more (no logjam knowledge: ``decode`` is give
 * **Replies and reconnects.** ``send(index, frames)`` (a ROUTER reply), ``reconnect(index)``
   (a SUB socket's endpoint disconnected and connected again) are queued commands.
 * **Stop.** ``stop()`` sends the queued replies, closes the sockets (ROUTER with
-  ``linger_secs`` so its replies leave) and fires once the thread has ended.
+  ``linger_secs`` so its replies leave) and fires once the thread has ended and the
+  bound ports are released. ZeroMQ closes a socket in its own I/O thread, after
+  ``close()`` returned: the receiver has a context of its own (unless one is given) and
+  terminates it, which waits for that, so a source started again at once (a reload) can
+  bind the same port.
 """
 
 from __future__ import annotations
@@ -103,7 +107,7 @@ class ZmqReceiver:
         self.receive_hwm = receive_hwm
         self.max_message_bytes = max_message_bytes
         self.linger_secs = linger_secs
-        self.context = context or zmq.Context.instance()
+        self.context = context  # None: one of its own, made and terminated by the thread
         #: the endpoints as bound (``tcp://127.0.0.1:43122`` for ``tcp://127.0.0.1:*``)
         self.bound: list[str] = [s.endpoint for s in self.specs]
         self._lock = threading.Lock()
@@ -175,10 +179,19 @@ class ZmqReceiver:
     # -- the thread ----------------------------------------------------------------------------
 
     def _run(self) -> None:
+        context = self.context or zmq.Context()
+        try:
+            self._run_in(context)
+        finally:
+            if self.context is None:
+                context.term()  # returns once every socket is closed and its ports released
+            self.reactor.callFromThread(self._stopped.callback, None)
+
+    def _run_in(self, context: zmq.Context) -> None:
         sockets: list[zmq.Socket] = []
         try:
             for spec in self.specs:
-                sockets.append(self._open(spec))
+                sockets.append(self._open(context, spec))
             self.bound = [
                 s.getsockopt_string(zmq.LAST_ENDPOINT) if spec.kind != SUB else spec.endpoint
                 for s, spec in zip(sockets, self.specs)
@@ -189,7 +202,6 @@ class ZmqReceiver:
             self._close_wake()
             failure = RuntimeError(f"cannot open {spec.kind} socket on {spec.endpoint}: {e}")
             self.reactor.callFromThread(self._started.errback, failure)
-            self.reactor.callFromThread(self._stopped.callback, None)
             return
         self.reactor.callFromThread(self._started.callback, list(self.bound))
         try:
@@ -204,10 +216,9 @@ class ZmqReceiver:
             for s, spec in zip(sockets, self.specs):
                 s.close(int(self.linger_secs * 1000) if spec.kind == ROUTER else 0)
             self._close_wake()
-            self.reactor.callFromThread(self._stopped.callback, None)
 
-    def _open(self, spec: SocketSpec) -> zmq.Socket:
-        s = self.context.socket(_SOCKET_TYPES[spec.kind])
+    def _open(self, context: zmq.Context, spec: SocketSpec) -> zmq.Socket:
+        s = context.socket(_SOCKET_TYPES[spec.kind])
         try:
             s.setsockopt(zmq.RCVHWM, self.receive_hwm)
             s.setsockopt(zmq.LINGER, 0)

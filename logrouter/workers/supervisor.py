@@ -21,16 +21,15 @@ overtake them), so it adopts and drains them. Only connections held for a worker
 is down when the stop comes are closed unread.
 
 It also runs what must run once: compaction, and the metrics endpoint, whose ``/metrics``
-sums the workers' pages (``metrics.py``) and whose ``POST /reload`` (like SIGHUP) has
-every worker re-read the config file.
+sums the workers' pages (``metrics.py``) and whose ``POST /reload`` (like SIGHUP) reloads
+the config: checked here, applied by every worker (``reloads.py``). Workers start from the
+config text the supervisor runs, sent over their channel, never from the file.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
-import json
 import os
 import socket
 import sys
@@ -42,7 +41,7 @@ from twisted.logger import Logger, LogLevel
 from twisted.web import resource, server
 
 from logrouter.config.endpoints import listen_address
-from logrouter.config.load import Config, ConfigError, load_file, warnings
+from logrouter.config.load import Config, read_text, warnings
 from logrouter.metrics import answer_reload
 from logrouter.service import fail_start, install_sighup, quiet_repeated_stops, start_compaction
 from logrouter.sources.stream import normal_ip
@@ -50,6 +49,7 @@ from logrouter.workers import plan
 from logrouter.workers.channel import Channel, channel_pair
 from logrouter.workers.listener import Listener
 from logrouter.workers.metrics import merge
+from logrouter.workers.reloads import SupervisorReloads
 
 HELD_PER_WORKER = 256  # connections kept unread for a worker that is restarting
 RESTART_SECS = (1.0, 30.0)
@@ -67,17 +67,6 @@ def _logger(namespace: str) -> Logger:
 _LEVELS = {level.name: level for level in (LogLevel.debug, LogLevel.info, LogLevel.warn, LogLevel.error, LogLevel.critical)}
 
 
-_ROUTER_KEPT = ("workers", "metrics_listen", "pin_workers")  # supervisor settings, until a restart
-
-
-def _kept_until_restart(old: Config, new: Config) -> list[str]:
-    """What a reload cannot change in the supervisor (it keeps the running values)."""
-    kept = [f"router.{key}" for key in _ROUTER_KEPT if new.router[key] != old.router[key]]
-    if new.spool != old.spool:
-        kept.append("[spool]")
-    if new.compaction != old.compaction:
-        kept.append("[compaction]")
-    return kept
 
 
 class SupervisorResource(resource.Resource):
@@ -135,6 +124,7 @@ class WorkerProcess(protocol.ProcessProtocol):
         self.index = index
         self.log = Logger(namespace=f"logrouter.worker-{index}")
         self.cpu = cpu  # the one CPU it runs on (pin_workers), None: not bound
+        self.config_text = ""  # the config it was last sent (at its start or by a reload)
         self.channel: Channel | None = None
         self.ready = False
         self.started: defer.Deferred = defer.Deferred()  # fires once (first start only)
@@ -153,7 +143,7 @@ class WorkerProcess(protocol.ProcessProtocol):
             # -c, not -m: the classes keep their module's name in the log namespaces
             sys.executable, "-c", "from logrouter.workers.worker import main; main()",
             "--config", supervisor.config_path, "--index", str(self.index), "--count", str(supervisor.accepting),
-            "--channel-fd", "3", "--parent", str(os.getpid()), "--shared", json.dumps(supervisor.addresses),
+            "--channel-fd", "3", "--parent", str(os.getpid()),
         ]
         if self.cpu is not None:
             args += ["--cpu", str(self.cpu)]
@@ -166,6 +156,9 @@ class WorkerProcess(protocol.ProcessProtocol):
         finally:
             theirs.close()
         self.channel = Channel(supervisor.reactor, ours, self._message, self._channel_closed)
+        self.config_text = supervisor.config_text
+        if not self.channel.send(supervisor.reloads.start_message()):
+            self.log.error("worker {index}: its config could not be sent (it exits for want of one)", index=self.index)
 
     def _channel_closed(self) -> None:
         self.ready = False  # it died (its exit not seen yet) or is going: nothing more for it
@@ -181,6 +174,7 @@ class WorkerProcess(protocol.ProcessProtocol):
             elif self.restarts:
                 self.log.info("worker {index} is running again", index=self.index)
             self.supervisor.worker_ready(self)
+            self.supervisor.reloads.worker_ready(self)
             return
         if message.get("op") == "stopping":
             # It stops on its own (a signal sent to it, not to us): what comes for it from
@@ -267,7 +261,7 @@ class SupervisorService(service.Service):
     log = Logger(namespace="logrouter")
     name = "logrouter"
 
-    def __init__(self, config: Config, reactor: Any = None, config_path: str = "") -> None:
+    def __init__(self, config: Config, reactor: Any = None, config_path: str = "", config_text: str | None = None) -> None:
         if reactor is None:
             from twisted.internet import reactor as default_reactor
 
@@ -275,6 +269,11 @@ class SupervisorService(service.Service):
         self.reactor = reactor
         self.config = config
         self.config_path = config_path
+        # the text of ``config``: what every worker starts from (tap.py hands over the text it read)
+        if config_text is None:
+            config_text = read_text(config_path) if config_path else ""
+        self.config_text = config_text
+        self.reloads = SupervisorReloads(self, lambda name, source_type, listen: Listener(self, name, source_type, listen))
         self.accepting, self.why = plan.workers(config)  # the workers connections go to
         self.count = plan.processes(config)  # with those that only drain a spool left behind
         self.cpus = plan.allowed_cpus()  # the supervisor's own, before any worker is bound
@@ -326,7 +325,7 @@ class SupervisorService(service.Service):
             return
         for listener in self.listeners.values():
             _naming(listener, listener.start)
-            self._announce(listener)
+            self.announce(listener)
         listen = self.config.router["metrics_listen"]
         if listen:
             site = server.Site(SupervisorResource(self))
@@ -482,85 +481,11 @@ class SupervisorService(service.Service):
         return self.workers[index].request({"op": "metrics"}).addCallback(lambda reply: reply and reply.get("text"))
 
     def reload(self) -> defer.Deferred:
-        """Check the config file, listen for new or moved TCP/TLS sources, have every
-        worker apply the file, then close what no source uses any more; fires with
-        ``(ok, text)``.
+        """Reload the config (SIGHUP, ``POST /reload``): see ``reloads.py``; fires with the
+        ``ReloadResult``."""
+        return self.reloads.request()
 
-        ``workers``, ``metrics_listen``, ``pin_workers``, ``[spool]`` and ``[compaction]`` keep their
-        running values until a restart (the answer says so), as in one process."""
-        self.log.info("reloading the config from {path}", path=self.config_path)
-        try:
-            new = load_file(self.config_path)
-        except ConfigError as e:
-            for error in e.errors:
-                self.log.error("reload refused: {error}", error=error)
-            return defer.succeed((False, "refused, the running config is unchanged:\n" + "\n".join(e.errors)))
-        kept = _kept_until_restart(self.config, new)
-        new = dataclasses.replace(
-            new, router={**new.router, **{key: self.config.router[key] for key in _ROUTER_KEPT}},
-            spool=self.config.spool, compaction=self.config.compaction,
-        )
-        try:
-            opened, closing = self._listeners_for(new)
-        except OSError as e:
-            self.log.error("reload refused: {error}", error=e)
-            return defer.succeed((False, f"refused, the running config is unchanged: {e}"))
-        addresses = {name: address for name, address in self.addresses.items() if name not in closing}
-        addresses.update({name: listener.address for name, listener in opened.items()})
-        asks = [w.request({"op": "reload", "shared": addresses}) for w in self.workers]
-
-        def combine(replies: list) -> tuple[bool, str]:
-            self.config = new
-            for name in closing:
-                self.listeners.pop(name).close()
-            self.addresses = addresses
-            for name, listener in opened.items():
-                self.listeners[name] = listener
-                listener.start()
-                self._announce(listener)
-            lines, ok = [], True
-            for worker, reply in zip(self.workers, replies):
-                if reply is None:
-                    ok = False
-                    lines.append(f"worker {worker.index}: no answer (not running, or still reloading)")
-                else:
-                    ok = ok and bool(reply.get("ok"))
-                    lines.append(f"worker {worker.index}: {reply.get('text')}")
-            if kept:
-                lines.append(f"needs a restart to change (kept as running): {', '.join(kept)}")
-            return ok, "\n".join(lines)
-
-        return defer.gatherResults(asks).addCallback(combine)
-
-    def _listeners_for(self, new: Config) -> tuple[dict[str, "Listener"], set[str]]:
-        """Bind the shared sources ``new`` adds or moves to another address (all or none:
-        an address that cannot be bound raises ``OSError`` with the source named), and
-        the names of the listeners to close once the workers applied ``new``."""
-        wanted = {name: new.sources[name] for name in plan.shared_sources(new)}
-        closing = {name for name in self.listeners if name not in wanted}
-        opened: dict[str, Listener] = {}
-        try:
-            for name, component in wanted.items():
-                listen = component.options["listen"]
-                current = self.listeners.get(name)
-                if current is not None and listen_address(current.listen) == listen_address(listen):
-                    current.listen, current.type = listen, component.cls.TYPE  # same socket, maybe new TLS options
-                    continue
-                listener = Listener(self, name, component.cls.TYPE, listen)
-                try:
-                    listener.bind()
-                except OSError as e:
-                    raise OSError(e.errno, f"sources.{name}.listen: cannot listen on {listen!r}: {e.strerror or e}") from None
-                opened[name] = listener
-                if current is not None:
-                    closing.add(name)
-        except OSError:
-            for listener in opened.values():
-                listener.close()
-            raise
-        return opened, closing
-
-    def _announce(self, listener: "Listener") -> None:
+    def announce(self, listener: "Listener") -> None:
         host, port = listener.address
         self.log.info(
             "{type} source {name} listening on {host} port {port} (connections go to {workers} workers)",

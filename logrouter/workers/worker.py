@@ -1,9 +1,14 @@
 """A worker process: one whole router, started by the supervisor, talking over its channel.
 
 ``python -c "from logrouter.workers.worker import main; main()" --config PATH --index I --count N --channel-fd FD
---parent PID --shared JSON`` (the supervisor builds the command line). The worker reads
-the config file itself and runs what ``plan.worker_config`` derives from it (also on each
-reload). Connections of shared sources come over the channel; everything else (its
+--parent PID`` (the supervisor builds the command line). The worker never reads the
+config file: the supervisor's first message on the channel (``start``) carries the text
+of the config the supervisor runs, its running ``[spool]`` table and the addresses it
+listens on, and each ``reload`` request carries them again. The worker runs what
+``plan.worker_config`` derives from them, so a worker started again after a crash runs
+what the others run, whatever the file on disk holds by then. Reloads run one at a time
+(``logrouter.reload_queue``): one sent while another runs waits, and applies the last
+config sent. Connections of shared sources come over the channel; everything else (its
 spool, its sinks, worker 0's unshared sources) is the worker's own.
 
 The kernel kills a worker whose supervisor dies (``PR_SET_PDEATHSIG``): a supervisor
@@ -26,12 +31,13 @@ from typing import Any
 from twisted.internet import defer
 from twisted.logger import FileLogObserver, Logger, formatEvent, globalLogBeginner
 
-from logrouter.config.load import ConfigError, load_file
+from logrouter.config.load import Config, ConfigError, load_string
 from logrouter.service import RouterService
-from logrouter.workers.channel import Channel, PassedConnections
+from logrouter.workers.channel import MAX_FDS, MAX_MESSAGE, Channel, PassedConnections
 from logrouter.workers.plan import worker_config
 
 STOPPING_ANSWER_SECS = 5.0
+START_MESSAGE_SECS = 60.0  # the supervisor sends it right after the fork
 
 
 def die_with_parent(parent: int) -> None:
@@ -87,11 +93,12 @@ class WorkerService(RouterService):
                  passed: PassedConnections, channel_socket: socket.socket) -> None:
         super().__init__(config, reactor, config_path)
         self.index = index
-        self.config_transform = lambda loaded: worker_config(loaded, index, count, set(passed.addresses))
+        self.count = count
         self.passed = passed
         self.stop_begun = False
         self.stop_asked = False  # by the supervisor, behind the connections it passed us
         self.stopping_answered: defer.Deferred | None = None
+        self.wanted: dict | None = None  # the last reload request: what the next reload applies
         self.channel = Channel(reactor, channel_socket, self._message, self._supervisor_gone)
 
     def build_router(self) -> Any:
@@ -129,11 +136,9 @@ class WorkerService(RouterService):
             text = render(self.router) if self.router is not None else ""
             self.channel.send({"op": "metrics", "id": message.get("id"), "text": text})
         elif op == "reload":
-            shared = message.get("shared")
-            if isinstance(shared, dict):  # the supervisor's listeners for the new config
-                self.passed.addresses = {name: (host, int(port)) for name, (host, port) in shared.items()}
+            self.wanted = message  # applied by the next reload to start, not before
             self.reload().addCallback(
-                lambda result: self.channel.send({"op": "reloaded", "id": message.get("id"), "ok": result[0], "text": result[1]})
+                lambda result: self.channel.send({"op": "reloaded", "id": message.get("id"), **result.message()})
             )
 
     def stopService(self) -> Any:
@@ -155,6 +160,13 @@ class WorkerService(RouterService):
         answered.addErrback(lambda failure: failure.trap(defer.TimeoutError))
         return answered.addCallback(lambda _: (self.channel.drain(), super(WorkerService, self).stopService())[1])
 
+    def read_config(self) -> Config:
+        """The config the supervisor sent last, and from here on its listeners' addresses."""
+        self.log.info("reloading the config the supervisor runs")
+        config, shared = derive(self.wanted or {}, self.index, self.count)
+        self.passed.addresses = shared
+        return config
+
     def _supervisor_gone(self) -> None:
         if self.stopping_answered is not None and not self.stopping_answered.called:
             self.stopping_answered.callback(None)  # nothing more can come
@@ -171,14 +183,44 @@ def _line(event: dict) -> str | None:
     return f"[{event.get('log_namespace', '-')}#{getattr(level, 'name', 'info')}] {text}\n"
 
 
+def derive(message: dict, index: int, count: int) -> tuple[Config, dict[str, tuple[str, int]]]:
+    """The config worker ``index`` runs from a ``start`` or ``reload`` message, and the
+    addresses the supervisor listens on for the shared sources (``ConfigError`` if the
+    text has errors, or the message is not one)."""
+    text, spool, shared = message.get("config"), message.get("spool"), message.get("shared")
+    if not isinstance(text, str) or not isinstance(spool, dict) or not isinstance(shared, dict):
+        raise ConfigError(["the supervisor's message has no config"])
+    config = load_string(text)
+    config.spool = dict(spool)  # what a reload cannot change: the running one
+    addresses = {name: (host, int(port)) for name, (host, port) in shared.items()}
+    return worker_config(config, index, count, set(addresses)), addresses
+
+
+def first_message(channel_socket: socket.socket) -> dict:
+    """The supervisor's ``start`` message, read before the reactor runs."""
+    channel_socket.settimeout(START_MESSAGE_SECS)
+    try:
+        data, fds, _, _ = socket.recv_fds(channel_socket, MAX_MESSAGE, MAX_FDS)
+    except OSError as e:
+        raise ConfigError([f"no start message from the supervisor ({e})"]) from None
+    for fd in fds:
+        os.close(fd)
+    try:
+        message = json.loads(data)
+    except ValueError:
+        message = None
+    if not isinstance(message, dict) or message.get("op") != "start":
+        raise ConfigError(["the supervisor's first message is not a start message"])
+    return message
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="logrouter worker")
-    parser.add_argument("--config", required=True)
+    parser.add_argument("--config", required=True, help="the supervisor's config file (for the logs: never read)")
     parser.add_argument("--index", type=int, required=True)
     parser.add_argument("--count", type=int, required=True)
     parser.add_argument("--channel-fd", type=int, required=True)
     parser.add_argument("--parent", type=int, required=True)
-    parser.add_argument("--shared", default="{}", help="JSON: {source: [host, port]} the supervisor accepts for")
     parser.add_argument("--cpu", type=int, help="the CPU to run on (pin_workers)")
     args = parser.parse_args(argv)
     die_with_parent(args.parent)
@@ -188,15 +230,14 @@ def main(argv: list[str] | None = None) -> None:
 
     from twisted.internet import reactor
 
-    shared = {name: (host, int(port)) for name, (host, port) in json.loads(args.shared).items()}
+    channel_socket = socket.socket(fileno=args.channel_fd)
     try:
-        config = worker_config(load_file(args.config), args.index, args.count, set(shared))
+        config, shared = derive(first_message(channel_socket), args.index, args.count)
     except ConfigError as e:
         for error in e.errors:
             print(f"[logrouter.worker#error] config: {error}", flush=True)
         raise SystemExit(1)
     passed = PassedConnections(reactor, shared)
-    channel_socket = socket.socket(fileno=args.channel_fd)
     service = WorkerService(config, reactor, args.config, args.index, args.count, passed, channel_socket)
     # Ctrl-C reaches the whole process group; the supervisor turns it into the SIGTERM
     # that stops each worker, so a worker does not stop early by itself (and look crashed).
