@@ -3,7 +3,7 @@
 A ``SOCK_SEQPACKET`` socket pair: every message is one JSON object, sent whole or not at
 all, and may carry file descriptors (``SCM_RIGHTS``). The supervisor sends
 ``{"op": "connection", "source": name}`` with the accepted socket, and requests
-(``metrics``, ``reload``) that the worker answers with the same ``id``; the worker sends
+(``metrics``, ``health``, ``reload``) that the worker answers with the same ``id``; the worker sends
 ``{"op": "ready"}`` once its router runs.
 
 Both ends are non-blocking and read on the reactor a bounded number of messages per

@@ -112,6 +112,10 @@ class WorkerService(RouterService):
 
             text = render(self.router) if self.router is not None else ""
             self.channel.send({"op": "metrics", "id": message.get("id"), "text": text})
+        elif op == "health":
+            from logrouter.health import router_health
+
+            self.channel.send({"op": "health", "id": message.get("id"), "health": router_health(self.router)})
         elif op == "reload":
             shared = message.get("shared")
             if isinstance(shared, dict):  # the supervisor's listeners for the new config
