@@ -150,6 +150,7 @@ def test_a_stopped_worker_is_marked_down_quickly_and_named_by_health(tmp_path: P
     with Daemon(tmp_path, config()) as daemon:
         daemon.start()
         port = metrics_port(daemon)
+        assert listening_addresses(port) == {"0100007F"}  # "tcp:0": loopback only
         wait_until(lambda: get(port, "/health")[0] == 200, 30, "/health 200 with both workers running")
         status, text = get(port, "/health")
         document = json.loads(text)
