@@ -111,11 +111,13 @@ def run(path: str) -> int:
 
 def reload(path: str, url: str | None = None) -> int:
     """Ask the running router to reload ``path`` (``POST /reload`` on its ``metrics_listen``,
-    or at ``url``, e.g. ``http://127.0.0.1:9880`` when the config listens on port 0)."""
+    or at ``url``, e.g. ``http://127.0.0.1:9880`` when the config listens on port 0), with
+    the reload token the config names (``reload_token`` or ``reload_token_file``)."""
     import urllib.error
     import urllib.request
 
     from logrouter.config.endpoints import listen_address
+    from logrouter.config.http_options import reload_token
 
     _take_any_systemd_socket()  # the router holds the passed sockets, not this command
     try:
@@ -124,6 +126,10 @@ def reload(path: str, url: str | None = None) -> int:
         print(f"{path}: invalid config, not sent (the running router keeps its config):", file=sys.stderr)
         for error in e.errors:
             print(f"  {error}", file=sys.stderr)
+        return 1
+    token, why_not = reload_token(config.router)
+    if token is None:
+        print(f"{path}: {why_not}", file=sys.stderr)
         return 1
     if url is None:
         listen = config.router["metrics_listen"]
@@ -138,7 +144,7 @@ def reload(path: str, url: str | None = None) -> int:
         _, port, interface = address
         host = interface or "127.0.0.1"
         url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
-    request = urllib.request.Request(url.rstrip("/") + "/reload", data=b"", method="POST")
+    request = urllib.request.Request(url.rstrip("/") + "/reload", method="POST", headers={"Authorization": f"Bearer {token}"})
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
             print(response.read().decode("utf-8", "replace").rstrip())

@@ -15,7 +15,7 @@ reload does (``Router.reconfigure`` carries it out):
   memory, ``throttle``'s buckets); changed and new ones are built from the new config;
 * what cannot change while running (``[spool]``, ``[compaction]``, the metrics endpoint)
   is listed in ``needs_restart`` and keeps its running value; ``shutdown_timeout_secs``
-  applies at once.
+  and the reload token apply at once.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from typing import Any
 
 from logrouter.config.load import Component, Config
 
-LIVE_ROUTER_KEYS = ("shutdown_timeout_secs",)
+LIVE_ROUTER_KEYS = ("shutdown_timeout_secs", "reload_token", "reload_token_file")
 
 
 def same_component(a: Component, b: Component) -> bool:

@@ -137,6 +137,7 @@ class Router:
         self._snapshot: defer.Deferred | None = None
         self._reloading = False
         self._reload_done: defer.Deferred | None = None
+        self.left_out: list[str] = []  # components the last reload could not start (/health names them)
 
     def _build_routes(self) -> dict[str, list[Any]]:
         """Per batch source (a source's name, ``<component>.errors`` for dead letters, or a
@@ -612,10 +613,10 @@ class Router:
         if self.config.router["metrics_listen"] and not self.stop_requested:
             from twisted.internet import endpoints
 
-            from logrouter import metrics
+            from logrouter import http_endpoint
 
             endpoint = endpoints.serverFromString(self.reactor, self.config.router["metrics_listen"])
-            self.metrics_port = yield endpoint.listen(metrics.site(self))
+            self.metrics_port = yield endpoint.listen(http_endpoint.site(http_endpoint.RouterPages(self)))
             address = self.metrics_port.getHost()
             self.log.info("metrics listening on {host} port {port}", host=address.host, port=address.port)
 
@@ -740,6 +741,7 @@ class Router:
                 plan.start_sources.remove(name)
                 self.routes = self._build_routes()
                 continue
+        self.left_out = list(plan.failed)
         self._apply_reading()
         self._check_backpressure()
         self._release_retired()

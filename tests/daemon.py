@@ -84,11 +84,20 @@ class Daemon:
     def port(self, source: str) -> int:
         return int(self.wait_for(rf"source {re.escape(source)} listening on \S+ port (\d+)").group(1))
 
-    def metrics(self) -> dict[str, float]:
-        """The daemon's /metrics (its config must set ``[router] metrics_listen``)."""
+    def metrics(self, timeout: float = 30) -> dict[str, float]:
+        """The daemon's /metrics (its config must set ``[router] metrics_listen``). With
+        workers, asked again (within ``timeout``) while a running worker was too late to be
+        in it (a busy machine): the sums then hold every worker's numbers."""
         from helpers import scrape
 
-        return scrape(int(self.wait_for(r"metrics listening on \S+ port (\d+)").group(1)))
+        port = int(self.wait_for(r"metrics listening on \S+ port (\d+)").group(1))
+        deadline = time.monotonic() + timeout
+        while True:
+            values = scrape(port)
+            late = [k for k, v in values.items() if k.startswith("logrouter_worker_up{") and v == 0
+                    and values.get(k.replace("_up{", "_running{")) == 1]
+            if not late or time.monotonic() > deadline:
+                return values
 
     @property
     def output(self) -> str:

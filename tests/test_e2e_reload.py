@@ -6,6 +6,7 @@ acked event is in the lake exactly once."""
 from __future__ import annotations
 
 import collections
+import os
 import signal
 import socket
 import subprocess
@@ -18,14 +19,17 @@ import urllib.request
 import pytest
 
 from chunk_client import Client, expected_ids
-from daemon import Daemon
+from daemon import REPO, Daemon
 from helpers import lake_column, wait_until
 
 pytestmark = pytest.mark.timeout(240)
 
+TOKEN = "reload-test-token-0123456789"
+
 BASE = """
 [router]
 metrics_listen = "tcp:0:interface=127.0.0.1"
+reload_token = "reload-test-token-0123456789"
 
 [spool]
 path = "spool"
@@ -54,7 +58,7 @@ def reload_count(daemon: Daemon) -> int:
 
 def post_reload(daemon: Daemon) -> tuple[int, str]:
     port = int(daemon.wait_for(r"metrics listening on \S+ port (\d+)").group(1))
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/reload", method="POST", data=b"")
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/reload", method="POST", headers={"Authorization": f"Bearer {TOKEN}"})
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
             return response.status, response.read().decode()
@@ -125,7 +129,7 @@ def test_reload_under_load_keeps_connections_and_loses_nothing(tmp_path) -> None
             daemon.config.write_text(config(port, roll=-1))
             cli = subprocess.run(
                 [sys.executable, "-m", "logrouter", "reload", "--config", str(daemon.config)],
-                capture_output=True, text=True, timeout=60, cwd=workdir,
+                capture_output=True, text=True, timeout=60, cwd=workdir, env=dict(os.environ, PYTHONPATH=str(REPO)),
             )
             assert cli.returncode == 1 and "sinks.lake.roll_secs" in cli.stderr, cli.stderr
             status, text = post_reload(daemon)
@@ -139,7 +143,7 @@ def test_reload_under_load_keeps_connections_and_loses_nothing(tmp_path) -> None
             cli = subprocess.run(
                 [sys.executable, "-m", "logrouter", "reload", "--config", str(daemon.config),
                  "--url", f"http://127.0.0.1:{metrics_port}"],
-                capture_output=True, text=True, timeout=120, cwd=workdir,
+                capture_output=True, text=True, timeout=120, cwd=workdir, env=dict(os.environ, PYTHONPATH=str(REPO)),
             )
             assert cli.returncode == 0, cli.stderr
             text = cli.stdout

@@ -15,6 +15,8 @@ import os
 import signal
 import socket
 import ssl
+import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -32,6 +34,7 @@ CONFIG = """
 [router]
 workers = 2
 metrics_listen = "tcp:0:interface=127.0.0.1"
+reload_token = "workers-test-token-0123456789"
 shutdown_timeout_secs = 30
 
 [spool]
@@ -95,9 +98,18 @@ def worker_pids(supervisor: int) -> dict[int, int]:
     return found
 
 
-def worker_metrics(port: int, worker: int) -> dict[str, float]:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/workers/{worker}/metrics", timeout=10) as response:
-        text = response.read().decode()
+def worker_metrics(port: int, worker: int, timeout: float = 30) -> dict[str, float]:
+    """One worker's own page; asked again (within ``timeout``) while the worker is too late
+    to answer (404 after the supervisor's half second: a busy machine)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/workers/{worker}/metrics", timeout=10) as response:
+                text = response.read().decode()
+            break
+        except urllib.error.HTTPError as e:
+            if e.code != 404 or time.monotonic() > deadline:
+                raise
     return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line and not line.startswith("#")}
 
 
@@ -191,7 +203,8 @@ def test_a_reload_reaches_every_worker_and_opens_new_listeners(tmp_path: Path) -
     with Daemon(tmp_path, CONFIG.format(listen="tcp:0:interface=127.0.0.1")) as daemon:
         daemon.start()
         metrics_port = int(daemon.wait_for(r"metrics listening on \S+ port (\d+)").group(1))
-        request = urllib.request.Request(f"http://127.0.0.1:{metrics_port}/reload", method="POST")
+        request = urllib.request.Request(f"http://127.0.0.1:{metrics_port}/reload", method="POST",
+                                         headers={"Authorization": "Bearer workers-test-token-0123456789"})
         # A new sink and a new TCP source: the supervisor listens for it, the workers take it.
         daemon.config.write_text(
             daemon.config.read_text().replace('inputs = ["forward"]', 'inputs = ["forward", "more"]')

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 from twisted.internet import defer, task
-from twisted.web.test.requesthelper import DummyRequest
+from twisted.internet.testing import StringTransport
 
 from logrouter.config.load import load_string
-from logrouter.metrics import answer_reload
+from logrouter.http_endpoint import site
 from logrouter.reload import ReloadPlan
 from logrouter.reload_queue import APPLIED, FAILED, PARTLY, REFUSED, ReloadQueue, ReloadResult
 from logrouter.service import RouterService
@@ -57,10 +57,24 @@ def test_a_run_that_raises_is_a_failed_reload_and_the_queue_goes_on() -> None:
 
 @pytest.mark.parametrize("outcome, status", [(APPLIED, 200), (REFUSED, 409), (PARTLY, 500), (FAILED, 500)])
 def test_only_an_applied_reload_answers_200(outcome: str, status: int) -> None:
-    request = DummyRequest([b"reload"])
-    answer_reload(request, defer.succeed(ReloadResult(outcome, "what happened")))
-    assert request.responseCode == status
-    assert b"".join(request.written) == b"what happened\n" and request.finished
+    token = "a-reload-token-0123456789"
+
+    class Pages:
+        def reload(self) -> defer.Deferred:
+            return defer.succeed(ReloadResult(outcome, "what happened"))
+
+        def router_options(self) -> dict:
+            return {"reload_token": token, "reload_token_file": ""}
+
+    protocol = site(Pages()).buildProtocol(None)  # type: ignore[arg-type]
+    transport = StringTransport()
+    protocol.makeConnection(transport)
+    protocol.dataReceived(
+        f"POST /reload HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\nContent-Length: 0\r\n\r\n".encode()
+    )
+    head, _, body = transport.value().partition(b"\r\n\r\n")
+    assert int(head.split()[1]) == status
+    assert body == b"what happened\n"
 
 
 def test_a_result_crosses_the_channel() -> None:

@@ -134,3 +134,13 @@ def test_merge_numbers() -> None:
     assert "n 3" in merged  # integral floats print as integers
     big = [line for line in merged if line.startswith("big ")]
     assert len(big) == 1 and float(big[0].split()[1]) == float(2**60 + 1)
+
+
+def test_merge_adds_only_the_counters_of_a_late_workers_last_page() -> None:
+    """A worker that did not answer this scrape: its counters stay where they were (a sum
+    going backwards reads as a reset), its gauges of then are left out."""
+    merged = lines_of(merge({0: WORKER_0}, stale={1: WORKER_1}))
+    assert "logrouter_batches_total 7" in merged
+    assert 'logrouter_source_bytes_total{source="forward",type="fluent_forward"} 250' in merged
+    assert "logrouter_backlog_bytes 1.5" in merged  # worker 0's gauge only
+    assert merge({0: WORKER_0, 1: WORKER_1}, stale={1: WORKER_0}) == merge({0: WORKER_0, 1: WORKER_1})

@@ -15,6 +15,7 @@ from typing import Any
 
 from logrouter import registry
 from logrouter.config import endpoints
+from logrouter.config.http_options import HTTP_OPTIONS, check_http, http_warnings
 from logrouter.config.options import Option, Problems, non_negative, one_of, positive
 from logrouter.compaction.options import COMPACTION_OPTIONS, check_compaction
 
@@ -44,9 +45,7 @@ def _check_workers(value: Any) -> None:
 
 
 ROUTER_OPTIONS: dict[str, Option] = {
-    "metrics_listen": Option(
-        str, "", "endpoint serving Prometheus `/metrics` and `/health` (empty = off)", endpoints.check_optional
-    ),
+    **HTTP_OPTIONS,
     "workers": Option(
         (int, str), "auto", "router processes: above 1, a supervisor hands each TCP/TLS connection to one of this many "
         "workers (each with its own spool); `auto` = the cores this process may use (capped by a cgroup CPU limit), or 1 "
@@ -126,8 +125,9 @@ class Config:
 
 def warnings(config: "Config") -> list[str]:
     """What is valid but almost certainly not meant: a source or filter whose events
-    nothing takes (they are stored in the spool, then go nowhere), an empty graph."""
-    found = []
+    nothing takes (they are stored in the spool, then go nowhere), an empty graph, an
+    HTTP endpoint open on every interface."""
+    found = http_warnings(config.router)
     if not config.sources and not config.sinks:
         found.append("the config defines no sources and no sinks: the router would take nothing in and write nothing")
     elif not config.sinks:
@@ -199,6 +199,7 @@ def validate(raw: dict[str, Any]) -> Config:
         if key not in TOP_LEVEL:
             errors.append(f"{key}: unknown section (allowed: {', '.join(TOP_LEVEL)})")
     router = _check_table("router", raw.get("router", {}), ROUTER_OPTIONS, errors)
+    check_http(router, errors)
     spool = _check_table("spool", raw.get("spool", {}), SPOOL_OPTIONS, errors)
     components = {kind: _read_components(kind, raw.get(kind, {}), errors) for kind in COMPONENT_KINDS}
     _check_graph(components, errors)

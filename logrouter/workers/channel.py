@@ -3,10 +3,10 @@
 A ``SOCK_SEQPACKET`` socket pair: every message is one JSON object, sent whole or not at
 all, and may carry file descriptors (``SCM_RIGHTS``). The supervisor sends
 ``{"op": "connection", "source": name}`` with the accepted socket, and requests
-(``metrics``, ``reload``) that the worker answers with the same ``id``; the worker sends
-``{"op": "ready"}`` once its router runs. The supervisor's ``{"op": "stop"}`` comes
-behind the connections passed before it, so a worker adopts them all before it stops (a
-worker stopping by itself sends ``{"op": "stopping"}`` and adopts what is waiting).
+(``metrics``, ``health``, ``reload``) that the worker answers with the same ``id``; the
+worker sends ``{"op": "ready"}`` once its router runs. The supervisor's ``{"op": "stop"}``
+comes behind the connections passed before it, so a worker adopts them all before it
+stops (a worker stopping by itself sends ``{"op": "stopping"}`` and adopts what is waiting).
 
 Both ends are non-blocking and read on the reactor a bounded number of messages per
 turn; a message that does not fit in the socket's buffer right now is not sent (a passed

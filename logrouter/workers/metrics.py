@@ -5,7 +5,9 @@ pages and writes one with, for every metric, the sum over the workers under the 
 the workers use: the page reads as one process's would, so dashboards and alerts built
 for one process keep working, and a PromQL ``sum()`` never counts a worker twice (a
 page holding both the sums and per-worker series would). Each worker's own page is
-served apart (``/workers/<i>/metrics``). Pure text work, no Twisted.
+served apart (``/workers/<i>/metrics``). A worker that did not answer in time adds the
+counters of its last page (``stale``), so the sums never go backwards for a late
+scrape. Pure text work, no Twisted.
 """
 
 from __future__ import annotations
@@ -38,11 +40,16 @@ def parse(text: str) -> Iterator[tuple[str, str, str, float]]:
         yield metric, kinds.get(metric, "untyped"), labels, number
 
 
-def merge(pages: dict[int, str], own: list[Sample] = ()) -> str:  # type: ignore[assignment]
-    """One page from the workers' ``pages`` (by worker index) and the supervisor's ``own`` samples."""
+def merge(pages: dict[int, str], own: list[Sample] = (), stale: dict[int, str] | None = None) -> str:  # type: ignore[assignment]
+    """One page from the workers' ``pages`` (by worker index) and the supervisor's ``own``
+    samples. ``stale``: the last pages of workers that did not answer now; only their
+    counters are added (a counter stays where it was, a gauge of then would be a guess)."""
     families: dict[str, tuple[str, dict[str, float]]] = {}
-    for index in sorted(pages):
-        for metric, kind, labels, value in parse(pages[index]):
+    every = [(index, pages[index], False) for index in pages] + [(i, t, True) for i, t in (stale or {}).items() if i not in pages]
+    for _, text, old in sorted(every, key=lambda item: item[0]):
+        for metric, kind, labels, value in parse(text):
+            if old and kind != "counter":
+                continue
             family = families.get(metric)
             if family is None:
                 family = families[metric] = (kind, {})

@@ -20,10 +20,10 @@ asked to stop over its channel, behind the connections passed to it (a SIGTERM c
 overtake them), so it adopts and drains them. Only connections held for a worker that
 is down when the stop comes are closed unread.
 
-It also runs what must run once: compaction, and the metrics endpoint, whose ``/metrics``
-sums the workers' pages (``metrics.py``) and whose ``POST /reload`` (like SIGHUP) reloads
-the config: checked here, applied by every worker (``reloads.py``). Workers start from the
-config text the supervisor runs, sent over their channel, never from the file.
+It also runs what must run once: compaction, and the HTTP endpoint (its pages, built
+from the workers' answers, are in ``http.py``), whose ``POST /reload`` (like SIGHUP)
+reloads the config: checked here, applied by every worker (``reloads.py``). Workers start
+from the config text the supervisor runs, sent over their channel, never from the file.
 """
 
 from __future__ import annotations
@@ -38,24 +38,22 @@ from typing import Any
 from twisted.application import service
 from twisted.internet import defer, endpoints, protocol
 from twisted.logger import Logger, LogLevel
-from twisted.web import resource, server
 
+from logrouter import http_endpoint
 from logrouter.config.endpoints import listen_address
 from logrouter.config.load import Config, read_text, warnings
-from logrouter.metrics import answer_reload
 from logrouter.service import fail_start, install_sighup, quiet_repeated_stops, start_compaction
 from logrouter.sources.stream import normal_ip
 from logrouter.workers import plan
 from logrouter.workers.channel import Channel, channel_pair
+from logrouter.workers.http import SupervisorPages
 from logrouter.workers.listener import Listener
-from logrouter.workers.metrics import merge
 from logrouter.workers.reloads import SupervisorReloads
 
 HELD_PER_WORKER = 256  # connections kept unread for a worker that is restarting
 RESTART_SECS = (1.0, 30.0)
 STEADY_SECS = 60.0  # a worker up this long has its restart pause start again from the first
 START_TIMEOUT_SECS = 300.0
-REPLY_TIMEOUT_SECS = 10.0
 KILL_MARGIN_SECS = 15.0  # past shutdown_timeout_secs, a worker still running is killed
 
 
@@ -67,53 +65,6 @@ def _logger(namespace: str) -> Logger:
 _LEVELS = {level.name: level for level in (LogLevel.debug, LogLevel.info, LogLevel.warn, LogLevel.error, LogLevel.critical)}
 
 
-
-
-class SupervisorResource(resource.Resource):
-    """``/metrics`` (the workers' pages summed), ``/health`` and ``POST /reload``."""
-
-    isLeaf = True
-
-    def __init__(self, supervisor: "SupervisorService") -> None:
-        super().__init__()
-        self.supervisor = supervisor
-
-    def render_GET(self, request: server.Request) -> Any:
-        if request.path == b"/health":
-            request.setHeader(b"content-type", b"text/plain")
-            return b"ok\n"
-        parts = request.path.split(b"/")
-        if request.path == b"/metrics":
-            page = self.supervisor.metrics_page()
-        elif len(parts) == 4 and parts[1] == b"workers" and parts[2].isdigit() and parts[3] == b"metrics":
-            page = self.supervisor.worker_page(int(parts[2]))
-        else:
-            request.setResponseCode(404)
-            return b"not found: try /metrics, /workers/<index>/metrics or /health\n"
-        request.setHeader(b"content-type", b"text/plain; version=0.0.4")
-
-        def answer(text: str | None) -> None:
-            if text is None:
-                request.setResponseCode(404)
-                text = "no such worker, or it is not running\n"
-            _answer(request, text)
-
-        page.addCallback(answer)
-        return server.NOT_DONE_YET
-
-    def render_POST(self, request: server.Request) -> Any:
-        if request.path != b"/reload":
-            request.setResponseCode(404)
-            return b"not found: POST /reload\n"
-        return answer_reload(request, self.supervisor.reload())
-
-
-def _answer(request: server.Request, text: str) -> None:
-    """Write and finish, unless the client went away while the workers answered."""
-    if request.finished or getattr(request, "_disconnected", False):
-        return
-    request.write(text.encode("utf-8"))
-    request.finish()
 
 
 class WorkerProcess(protocol.ProcessProtocol):
@@ -188,8 +139,9 @@ class WorkerProcess(protocol.ProcessProtocol):
         if waiting is not None:
             waiting.callback(message)
 
-    def request(self, message: dict) -> defer.Deferred:
-        """Send a request; fires with the reply, or None if there is none in time."""
+    def request(self, message: dict, timeout: float | None = None) -> defer.Deferred:
+        """Send a request; fires with the reply, or None if there is none within ``timeout``
+        seconds (default: the supervisor's ``reply_limit()``)."""
         if not self.ready or self.channel is None:
             return defer.succeed(None)
         ident = next(self.supervisor.ids)
@@ -197,8 +149,7 @@ class WorkerProcess(protocol.ProcessProtocol):
         if not self.channel.send({**message, "id": ident}):
             return defer.succeed(None)
         self.requests[ident] = d
-        d.addTimeout(REPLY_TIMEOUT_SECS if message.get("op") == "metrics" else self.supervisor.reply_limit(),
-                     self.supervisor.reactor)
+        d.addTimeout(self.supervisor.reply_limit() if timeout is None else timeout, self.supervisor.reactor)
         d.addErrback(lambda failure: failure.trap(defer.TimeoutError, defer.CancelledError) and None)
         d.addBoth(lambda result: (self.requests.pop(ident, None), result)[1])
         return d
@@ -208,6 +159,10 @@ class WorkerProcess(protocol.ProcessProtocol):
         which it then adopts before it stops. By SIGTERM if the channel cannot take it."""
         if self.channel is None or not self.channel.send({"op": "stop"}):
             self.terminate("TERM")
+    def crash_looping(self, now: float) -> bool:
+        """It exited again soon after a start (its restart pause grew past the first) and
+        has not run for ``STEADY_SECS`` since."""
+        return self.pause > RESTART_SECS[0] and (not self.ready or now - self.up_since < STEADY_SECS)
 
     def terminate(self, signal_name: str = "TERM") -> None:
         if self.transport is not None and self.transport.pid is not None:
@@ -328,9 +283,7 @@ class SupervisorService(service.Service):
             self.announce(listener)
         listen = self.config.router["metrics_listen"]
         if listen:
-            site = server.Site(SupervisorResource(self))
-            site.noisy = False
-            site.log = lambda request: None
+            site = http_endpoint.site(SupervisorPages(self))
             self.metrics_port = yield endpoints.serverFromString(self.reactor, listen).listen(site)
             address = self.metrics_port.getHost()
             self.log.info("metrics listening on {host} port {port}", host=address.host, port=address.port)
@@ -449,36 +402,7 @@ class SupervisorService(service.Service):
                 self.log.warn("worker {index} did not stop in time: killed", index=worker.index)
                 worker.terminate("KILL")
 
-    # -- metrics and reload -------------------------------------------------------------
-
-    def samples(self) -> Any:
-        yield "logrouter_workers", "gauge", {}, self.accepting
-        for worker in self.workers:
-            labels = {"worker": str(worker.index)}
-            yield "logrouter_worker_up", "gauge", labels, 1 if worker.ready else 0
-            yield "logrouter_worker_restarts_total", "counter", labels, worker.restarts
-            yield "logrouter_worker_held_connections", "gauge", labels, len(worker.held)
-        for listener in self.listeners.values():
-            labels = {"source": listener.name}
-            yield "logrouter_supervisor_connections_passed_total", "counter", labels, listener.passed
-            yield "logrouter_supervisor_connections_dropped_total", "counter", labels, listener.dropped
-        if self.compaction is not None:
-            yield from self.compaction.samples()
-
-    def metrics_page(self) -> defer.Deferred:
-        asks = [w.request({"op": "metrics"}) for w in self.workers]
-
-        def render(replies: list) -> str:
-            pages = {w.index: r["text"] for w, r in zip(self.workers, replies) if r and isinstance(r.get("text"), str)}
-            return merge(pages, list(self.samples()))
-
-        return defer.gatherResults(asks).addCallback(render)
-
-    def worker_page(self, index: int) -> defer.Deferred:
-        """One worker's own metrics page; None if there is no such worker running."""
-        if not 0 <= index < len(self.workers):
-            return defer.succeed(None)
-        return self.workers[index].request({"op": "metrics"}).addCallback(lambda reply: reply and reply.get("text"))
+    # -- reload -----------------------------------------------------------------------
 
     def reload(self) -> defer.Deferred:
         """Reload the config (SIGHUP, ``POST /reload``): see ``reloads.py``; fires with the

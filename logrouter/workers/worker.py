@@ -135,6 +135,10 @@ class WorkerService(RouterService):
 
             text = render(self.router) if self.router is not None else ""
             self.channel.send({"op": "metrics", "id": message.get("id"), "text": text})
+        elif op == "health":
+            from logrouter.health import router_health
+
+            self.channel.send({"op": "health", "id": message.get("id"), "health": router_health(self.router)})
         elif op == "reload":
             self.wanted = message  # applied by the next reload to start, not before
             self.reload().addCallback(
