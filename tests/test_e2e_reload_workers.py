@@ -27,11 +27,13 @@ from helpers import lake_column, wait_until
 from test_e2e_workers import addresses_for, connect, send_acked, worker_metrics, worker_pids
 
 pytestmark = pytest.mark.timeout(300)
+TOKEN = "reload-workers-token-0123456789"
 
 BASE = """
 [router]
 workers = {workers}
 metrics_listen = "tcp:0:interface=127.0.0.1"
+reload_token = "{token}"
 shutdown_timeout_secs = 0
 
 [spool]
@@ -61,7 +63,7 @@ def config(workers: int = 2, listen: str = "tcp:0:interface=127.0.0.1", forward_
     extra = "".join(f'[sources.{name}]\ntype = "fluent_forward"\nlisten = "tcp:0:interface=127.0.0.1"\n{more_extra}'
                     for name in more)
     inputs = "[" + ", ".join(f'"{name}"' for name in ("forward", *more)) + "]"
-    return BASE.format(workers=workers, listen=listen, forward_extra=forward_extra, extra_sources=extra, inputs=inputs,
+    return BASE.format(token=TOKEN, workers=workers, listen=listen, forward_extra=forward_extra, extra_sources=extra, inputs=inputs,
                        quiet=quiet, roll=roll, extra_sinks=extra_sinks)
 
 
@@ -70,7 +72,8 @@ def metrics_port(daemon: Daemon) -> int:
 
 
 def post_reload(port: int) -> tuple[int, str]:
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/reload", method="POST", data=b"")
+    request = urllib.request.Request(f"http://127.0.0.1:{port}/reload", method="POST", data=b"",
+                                     headers={"Authorization": f"Bearer {TOKEN}"})
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
             return response.status, response.read().decode()
