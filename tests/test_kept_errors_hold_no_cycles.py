@@ -73,7 +73,8 @@ def test_a_failed_inflater_keeps_no_traceback(collector_off) -> None:
 
 def test_a_logjam_message_that_does_not_decode_keeps_no_traceback(collector_off) -> None:
     def decode() -> None:
-        error = LogjamSource._decode_or_error([b"app-env", b"topic", b"{not json", b"\x00" * 24], (1 << 20, 1 << 20))
+        error, size = LogjamSource._decode_or_error([b"app-env", b"topic", b"{not json", b"\x00" * 24], (1 << 20, 1 << 20))
+        assert size == 0
         assert isinstance(error, Exception) and error.__traceback__ is None and error.__context__ is None
         chunk = [error]  # as the receiver keeps it until the reactor takes the chunk
         del chunk
