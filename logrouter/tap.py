@@ -31,6 +31,7 @@ def makeService(options: Options):
         for error in e.errors:
             print(f"  {error}", file=sys.stderr)
         raise SystemExit(1)
+    raise_open_files_limit()
     from logrouter.workers.plan import processes
 
     if processes(config) > 1:
@@ -38,3 +39,21 @@ def makeService(options: Options):
 
         return SupervisorService(config, config_path=os.path.abspath(options["config"]), config_text=text)
     return RouterService(config, config_path=os.path.abspath(options["config"]))
+
+
+def raise_open_files_limit() -> None:
+    """The soft ``RLIMIT_NOFILE`` up to the hard one, for this process and the workers it
+    starts (``logrouter.open_files``), logged."""
+    from twisted.logger import Logger
+
+    from logrouter.open_files import raise_to_hard
+
+    limits = raise_to_hard()
+    if limits is None:
+        return
+    log = Logger(namespace="logrouter")
+    before, now = limits
+    if now != before:
+        log.info("open files limit raised from {before} to {now} (the hard limit)", before=before, now=now)
+    else:
+        log.debug("open files limit: {now}", now=now)

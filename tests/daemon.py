@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parent.parent
 TWISTD = Path(sys.executable).parent / "twistd"
@@ -23,7 +24,8 @@ TWISTD = Path(sys.executable).parent / "twistd"
 
 class Daemon:
     """``twistd`` is this venv's unless given; ``env`` replaces the environment, whose
-    default puts this checkout first on ``PYTHONPATH`` (the code under test)."""
+    default puts this checkout first on ``PYTHONPATH`` (the code under test);
+    ``preexec_fn`` runs in the child before ``twistd`` (limits, capabilities)."""
 
     def __init__(
         self,
@@ -31,6 +33,7 @@ class Daemon:
         config_text: str,
         twistd: Path = TWISTD,
         env: dict[str, str] | None = None,
+        preexec_fn: Callable[[], None] | None = None,
     ) -> None:
         self.workdir = Path(workdir)
         self.twistd = Path(twistd)
@@ -40,6 +43,7 @@ class Daemon:
         self.lines: list[str] = []
         self._queue: queue.Queue[str | None] = queue.Queue()
         self.process: subprocess.Popen | None = None
+        self.preexec_fn = preexec_fn
 
     def start(self, wait_for: str = r"logrouter running", timeout: float = 60) -> "Daemon":
         env = dict(self.env, PYTHONUNBUFFERED="1")
@@ -50,6 +54,7 @@ class Daemon:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
+            preexec_fn=self.preexec_fn,
         )
         threading.Thread(target=self._read, daemon=True).start()
         if wait_for:

@@ -153,7 +153,7 @@ def test_a_connection_for_a_worker_whose_channel_broke_is_held(tmp_path: Path) -
         rig.connect(1, b"sent as worker 1 died")
         rig.listener.doRead()
         worker = rig.supervisor.workers[1]
-        assert not worker.ready and len(worker.held) == 1 and rig.listener.dropped == 0
+        assert not worker.ready and len(worker.connections.held) == 1 and rig.listener.dropped == 0
     finally:
         rig.close()
 

@@ -4,8 +4,10 @@ A ``SOCK_SEQPACKET`` socket pair: every message is one JSON object, sent whole o
 all, and may carry file descriptors (``SCM_RIGHTS``). The supervisor sends
 ``{"op": "connection", "source": name}`` with the accepted socket, and requests
 (``metrics``, ``health``, ``reload``) that the worker answers with the same ``id``; the
-worker sends ``{"op": "ready"}`` once its router runs. The supervisor's ``{"op": "stop"}``
-comes behind the connections passed before it, so a worker adopts them all before it
+worker sends ``{"op": "ready"}`` once its router runs and, after each turn that read
+connections, ``{"op": "taken", "count": n}``: how many connection messages it has read
+since it started (what bounds those in flight to it: ``passing.py``). The supervisor's
+``{"op": "stop"}`` comes behind the connections passed before it, so a worker adopts them all before it
 stops (a worker stopping by itself sends ``{"op": "stopping"}`` and adopts what is waiting).
 
 Both ends are non-blocking and read on the reactor a bounded number of messages per
@@ -48,17 +50,19 @@ def channel_pair() -> tuple[socket.socket, socket.socket]:
 @implementer(IReadDescriptor)
 class Channel:
     """One end of the channel on the reactor: ``on_message(message, fds)`` for each message
-    (the callee owns the fds), ``on_closed()`` once the other end is gone."""
+    (the callee owns the fds), ``after_read()`` after each turn that handled any,
+    ``on_closed()`` once the other end is gone."""
 
     log = Logger(namespace="logrouter.workers")
 
     def __init__(self, reactor: Any, sock: socket.socket, on_message: Callable[[dict, list[int]], None],
-                 on_closed: Callable[[], None]) -> None:
+                 on_closed: Callable[[], None], after_read: Callable[[], None] | None = None) -> None:
         self.reactor = reactor
         self.sock = sock
         sock.setblocking(False)
         self.on_message = on_message
         self.on_closed = on_closed
+        self.after_read = after_read
         self.closed = False
         reactor.addReader(self)
 
@@ -95,20 +99,25 @@ class Channel:
             self._read(limit)
 
     def _read(self, limit: int) -> None:
-        for _ in range(limit):
-            if self.closed:
-                return
+        if self._read_messages(limit) and self.after_read is not None and not self.closed:
+            self.after_read()
+
+    def _read_messages(self, limit: int) -> int:
+        """Handle up to ``limit`` messages; how many were read."""
+        read = 0
+        while read < limit and not self.closed:
             try:
                 data, fds, flags, _ = socket.recv_fds(self.sock, MAX_MESSAGE, MAX_FDS)
             except (BlockingIOError, InterruptedError):
-                return
+                break
             except OSError as e:
                 self.log.warn("worker channel: cannot read ({error})", error=e)
                 self.close()
-                return
+                break
             if not data and not fds:
                 self.close()
-                return
+                break
+            read += 1
             if flags & (socket.MSG_TRUNC | socket.MSG_CTRUNC):
                 _close_all(fds)
                 self.log.warn("worker channel: a message was cut short; dropped")
@@ -125,6 +134,7 @@ class Channel:
                 self.on_message(message, fds)  # from here on the fds are the callee's
             except Exception:
                 self.log.failure("worker channel: handling {op!r} failed", op=message.get("op"))
+        return read
 
     def connectionLost(self, reason: Any) -> None:
         self.close()

@@ -67,7 +67,7 @@ class SupervisorPages:
             yield "logrouter_worker_running", "gauge", labels, 1 if worker.ready else 0
             yield "logrouter_worker_up", "gauge", labels, 1 if worker.ready and worker.index in answered else 0
             yield "logrouter_worker_restarts_total", "counter", labels, worker.restarts
-            yield "logrouter_worker_held_connections", "gauge", labels, len(worker.held)
+            yield from worker.connections.samples()
         for listener in supervisor.listeners.values():
             labels = {"source": listener.name}
             yield "logrouter_supervisor_connections_passed_total", "counter", labels, listener.passed

@@ -11,8 +11,11 @@ and exits with status 1, saying why (``service.fail_start``).
 
 A worker that exits is started again (its spool is recovered like after any crash) after
 a pause that doubles up to 30 s; meanwhile the connections that would go to it are held
-unread, up to ``HELD_PER_WORKER`` (more are closed, their clients retry), and passed to
-it once it runs again, so it is the worker whose dedupe window knows their resends.
+unread, up to ``passing.HELD_PER_WORKER`` (more are closed, their clients retry), and
+passed to it once it runs again, so it is the worker whose dedupe window knows their
+resends. A worker that does not read its channel has at most a window of connections in
+flight to it, the rest held or closed likewise, so it never holds up the others
+(``passing.py``).
 
 A graceful stop reads what connections already delivered: the listeners pass on what
 their backlog holds (a close would reset it, data and all), then close; each worker is
@@ -42,15 +45,16 @@ from twisted.logger import Logger, LogLevel
 from logrouter import http_endpoint
 from logrouter.config.endpoints import listen_address
 from logrouter.config.load import Config, read_text, warnings
+from logrouter.open_files import soft_limit
 from logrouter.service import fail_start, install_sighup, quiet_repeated_stops, start_compaction
 from logrouter.sources.stream import normal_ip
 from logrouter.workers import plan
 from logrouter.workers.channel import Channel, channel_pair
 from logrouter.workers.http import SupervisorPages
 from logrouter.workers.listener import Listener
+from logrouter.workers.passing import WINDOW, WorkerConnections, window_for
 from logrouter.workers.reloads import SupervisorReloads
 
-HELD_PER_WORKER = 256  # connections kept unread for a worker that is restarting
 RESTART_SECS = (1.0, 30.0)
 STEADY_SECS = 60.0  # a worker up this long has its restart pause start again from the first
 START_TIMEOUT_SECS = 300.0
@@ -70,7 +74,7 @@ _LEVELS = {level.name: level for level in (LogLevel.debug, LogLevel.info, LogLev
 class WorkerProcess(protocol.ProcessProtocol):
     """One worker: its process, its channel, its requests in flight, its restarts."""
 
-    def __init__(self, supervisor: "SupervisorService", index: int, cpu: int | None = None) -> None:
+    def __init__(self, supervisor: "SupervisorService", index: int, cpu: int | None = None, window: int = WINDOW) -> None:
         self.supervisor = supervisor
         self.index = index
         self.log = Logger(namespace=f"logrouter.worker-{index}")
@@ -81,7 +85,7 @@ class WorkerProcess(protocol.ProcessProtocol):
         self.started: defer.Deferred = defer.Deferred()  # fires once (first start only)
         self.ended: defer.Deferred | None = None
         self.requests: dict[int, defer.Deferred] = {}
-        self.held: list[tuple[Listener, socket.socket]] = []  # accepted while it was not running
+        self.connections = WorkerConnections(self, window)  # passed, held, closed
         self.restarts = 0
         self.pause = 0.0
         self.up_since = 0.0
@@ -101,6 +105,7 @@ class WorkerProcess(protocol.ProcessProtocol):
         self.ready = False
         self.ended = defer.Deferred()
         self._partial = {1: b"", 2: b""}
+        self.connections.started()
         try:
             supervisor.reactor.spawnProcess(self, sys.executable, args, env=dict(os.environ),
                                             childFDs={0: 0, 1: "r", 2: "r", 3: theirs.fileno()})
@@ -117,6 +122,9 @@ class WorkerProcess(protocol.ProcessProtocol):
     def _message(self, message: dict, fds: list[int]) -> None:
         for fd in fds:
             os.close(fd)
+        if message.get("op") == "taken":
+            self.connections.took(message.get("count"))
+            return
         if message.get("op") == "ready":
             self.ready = True
             self.up_since = self.supervisor.reactor.seconds()
@@ -230,6 +238,7 @@ class SupervisorService(service.Service):
         self.config_text = config_text
         self.reloads = SupervisorReloads(self, lambda name, source_type, listen: Listener(self, name, source_type, listen))
         self.accepting, self.why = plan.workers(config)  # the workers connections go to
+        self.window = window_for(soft_limit(), self.accepting)  # connections in flight per worker
         self.count = plan.processes(config)  # with those that only drain a spool left behind
         self.cpus = plan.allowed_cpus()  # the supervisor's own, before any worker is bound
         self.listeners: dict[str, Listener] = {}
@@ -266,7 +275,7 @@ class SupervisorService(service.Service):
                 "{extra} worker spool(s) left by a router run with more workers: started to drain them "
                 "(they take no connections)", extra=self.count - self.accepting,
             )
-        self.workers = [WorkerProcess(self, index, plan.worker_cpu(self.config, index, self.cpus))
+        self.workers = [WorkerProcess(self, index, plan.worker_cpu(self.config, index, self.cpus), self.window)
                         for index in range(self.count)]
         if any(w.cpu is not None for w in self.workers):
             self.log.info("pin_workers: {pairs}", pairs=", ".join(f"worker {w.index} on CPU {w.cpu}" for w in self.workers))
@@ -307,33 +316,14 @@ class SupervisorService(service.Service):
 
     def accepted(self, listener: Listener, host: str, connection: socket.socket) -> None:
         """A connection ``listener`` accepted (ours now): passed to its worker; held unread
-        while that worker is not running (restarting, or dead and not reaped yet), to be
-        passed once it is; closed if its channel is full, the holding is full or a stop
-        has begun."""
+        while that worker is not running (restarting, or dead and not reaped yet) or has
+        its window full, to be passed once it runs or takes; closed if its channel is
+        full, the holding is full or a stop has begun (``passing.py``)."""
         worker = self.workers[plan.worker_for(normal_ip(host), self.accepting)]
-        if self._pass(worker, listener, connection):
-            return
-        if not worker.ready and not self.stopping and len(worker.held) < HELD_PER_WORKER:
-            worker.held.append((listener, connection))
-            return
-        listener.dropped += 1
-        connection.close()
-
-    def _pass(self, worker: WorkerProcess, listener: Listener, connection: socket.socket) -> bool:
-        if not worker.ready or worker.channel is None:
-            return False
-        if not worker.channel.send({"op": "connection", "source": listener.name}, [connection.fileno()]):
-            return False
-        connection.close()  # the worker has its own copy of the descriptor
-        listener.passed += 1
-        return True
+        worker.connections.offer(listener, connection, self.stopping)
 
     def worker_ready(self, worker: WorkerProcess) -> None:
-        held, worker.held = worker.held, []
-        for listener, connection in held:
-            if not self._pass(worker, listener, connection):
-                listener.dropped += 1
-                connection.close()
+        worker.connections.flush()
 
     # -- workers ending ---------------------------------------------------------------
 
@@ -371,15 +361,10 @@ class SupervisorService(service.Service):
             listener.take_backlog()  # passed on, not reset by the close
             listener.close()
         for worker in self.workers:
-            if worker.held:
-                self.log.warn(
-                    "closing {count} connection(s) held unread for worker {index}, which is not running",
-                    count=len(worker.held), index=worker.index,
-                )
-            for listener, connection in worker.held:
-                listener.dropped += 1
-                connection.close()
-            worker.held = []
+            closed = worker.connections.close_held()
+            if closed:
+                self.log.warn("closed {count} connection(s) held unread for worker {index}, which could not take them",
+                              count=closed, index=worker.index)
         compaction = self.compaction.stopService() if self.compaction is not None else defer.succeed(None)
         ends = []
         for worker in self.workers:

@@ -37,6 +37,7 @@ from logrouter.workers.channel import MAX_FDS, MAX_MESSAGE, Channel, PassedConne
 from logrouter.workers.plan import worker_config
 
 STOPPING_ANSWER_SECS = 5.0
+TAKEN_RETRY_SECS = 0.1  # a "taken" report the channel refused (its buffer full) is sent again
 START_MESSAGE_SECS = 60.0  # the supervisor sends it right after the fork
 
 
@@ -99,7 +100,10 @@ class WorkerService(RouterService):
         self.stop_asked = False  # by the supervisor, behind the connections it passed us
         self.stopping_answered: defer.Deferred | None = None
         self.wanted: dict | None = None  # the last reload request: what the next reload applies
-        self.channel = Channel(reactor, channel_socket, self._message, self._supervisor_gone)
+        self.connections_read = 0  # connection messages read from the channel since the start
+        self.connections_reported = 0  # the last count the supervisor was sent ("taken")
+        self.report_retry: Any = None
+        self.channel = Channel(reactor, channel_socket, self._message, self._supervisor_gone, self._report_taken)
 
     def build_router(self) -> Any:
         from logrouter.router import Router
@@ -117,6 +121,7 @@ class WorkerService(RouterService):
     def _message(self, message: dict, fds: list[int]) -> None:
         op = message.get("op")
         if op == "connection":
+            self.connections_read += 1
             self.passed.adopt(str(message.get("source")), fds)
             return
         if op == "stop":
@@ -144,6 +149,21 @@ class WorkerService(RouterService):
             self.reload().addCallback(
                 lambda result: self.channel.send({"op": "reloaded", "id": message.get("id"), **result.message()})
             )
+
+    def _report_taken(self) -> None:
+        """Tell the supervisor how many connections it passed have been read (it keeps a
+        bounded number in flight to each worker). The count is a total: if the channel
+        refuses it, it is sent again shortly (the supervisor may be waiting for it to
+        pass more) or with the next turn's, whichever comes first."""
+        if self.report_retry is not None and self.report_retry.active():
+            self.report_retry.cancel()
+        self.report_retry = None
+        if self.connections_read == self.connections_reported or self.channel.closed:
+            return
+        if self.channel.send({"op": "taken", "count": self.connections_read}):
+            self.connections_reported = self.connections_read
+        else:
+            self.report_retry = self.reactor.callLater(TAKEN_RETRY_SECS, self._report_taken)
 
     def stopService(self) -> Any:
         """Adopt every connection passed to this worker before its router stops, so its
