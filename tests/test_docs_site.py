@@ -2,12 +2,15 @@
 temporary directory. Strict mode turns every warning into a failure, and ``mkdocs.yml``'s
 ``validation`` makes a warning of every internal link to a missing page, every link to a
 missing anchor, every absolute or unrecognised link and every page left out of the nav.
+The README is not part of the site but links into it: each of its links to ``docs/`` must
+name a page that exists and, with ``#``, an anchor the built page has.
 mkdocs and the Material theme come with the ``test`` extras (``make test`` installs them).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -31,3 +34,10 @@ def test_mkdocs_build_strict(tmp_path):
     # The option tables are rendered as tables, not left as text.
     html = (site / "sources" / "lumberjack" / "index.html").read_text(encoding="utf-8")
     assert "<table>" in html and "<code>max_window_size</code>" in html
+
+    for target, anchor in re.findall(r"\]\((docs/[^)#\s]+\.md)(?:#([^)\s]+))?\)", (REPO / "README.md").read_text()):
+        assert (REPO / target).is_file(), f"README.md links to {target}, which does not exist"
+        page = target.removeprefix("docs/").removesuffix(".md")
+        built = site / ("index.html" if page == "index" else f"{page.removesuffix('/index')}/index.html")
+        if anchor:
+            assert f'id="{anchor}"' in built.read_text(encoding="utf-8"), f"README.md links to {target}#{anchor}: no such anchor"

@@ -1,7 +1,8 @@
-"""Every TOML snippet in the docs site is a config logrouter accepts.
+"""Every TOML snippet in the docs site and the README is a config logrouter accepts.
 
-Each ```toml block under ``docs/`` is parsed and validated as ``check-config`` would. A
-snippet shows one part of a config, so what it leaves out is filled in first: an input it
+Each ```toml block under ``docs/`` and in ``README.md`` is parsed and validated as
+``check-config`` would. A snippet shows one part of a config, so what it leaves out is
+filled in first: an input it
 names but does not define becomes a stub ``fluent_forward`` source, so the snippet's own
 keys, types and graph are what is checked. The TLS files the snippets name
 (``/etc/logrouter/server.key`` and the like) are replaced by a throwaway PKI's, so their
@@ -35,9 +36,9 @@ TLS_FILES = {
 
 def snippets() -> list[tuple[str, str]]:
     found = []
-    for page in sorted(DOCS.rglob("*.md")):
+    for page in [REPO / "README.md", *sorted(DOCS.rglob("*.md"))]:
         for n, match in enumerate(BLOCK.finditer(page.read_text(encoding="utf-8")), 1):
-            found.append((f"{page.relative_to(DOCS)}#{n}", match.group(1)))
+            found.append((f"{page.relative_to(REPO)}#{n}", match.group(1)))
     return found
 
 
