@@ -11,7 +11,7 @@ INSTALLED_TEST := $(VENV)/.installed-test
 NODE_DEPS := tests/interop/node_modules/.installed
 CONFIG ?= etc/logrouter.toml
 
-.PHONY: run test check-config bench clean
+.PHONY: run test docs check-config bench clean
 
 $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "logrouter needs Python 3.11 or newer")'
@@ -43,6 +43,11 @@ test: $(INSTALLED_TEST) $(NODE_DEPS)
 	@command -v java >/dev/null 2>&1 || echo "NOTE: java not found; Spark tests will be skipped. Install Java 17: apt-get install openjdk-17-jre-headless"
 	$(PY) -m pytest -q
 
+# The docs site (mkdocs + Material, from the test extras) on http://127.0.0.1:8000, rebuilt on
+# every change; `make test` builds it with --strict (tests/test_docs_site.py).
+docs: $(INSTALLED_TEST)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
+
 check-config: $(INSTALLED_RUN)
 	$(VENV)/bin/logrouter check-config $(CONFIG)
 
@@ -50,4 +55,4 @@ bench: $(INSTALLED_RUN)
 	$(PY) bench/forward_load.py
 
 clean:
-	rm -rf $(VENV) var build *.egg-info
+	rm -rf $(VENV) var build site *.egg-info

@@ -301,13 +301,13 @@ def test_cross_key_problems_are_reported_with_the_per_key_ones():
     ]
 
 
-def test_the_readme_shows_what_check_config_prints(tmp_path):
-    """The README's refused-config example is what `logrouter check-config` prints."""
+def test_the_docs_show_what_check_config_prints(tmp_path):
+    """The refused-config example of docs/configuration.md is what `logrouter check-config` prints."""
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    start = readme.index("```\nlogrouter: bad.toml: invalid config")
-    shown = readme[start + 4 : readme.index("```", start + 4)]
+    page = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
+    start = page.index("```\nlogrouter: bad.toml: invalid config")
+    shown = page[start + 4 : page.index("```", start + 4)]
     (tmp_path / "bad.toml").write_text(
         textwrap.dedent(
             """

@@ -78,7 +78,7 @@ class CollectSink(SinkBase):
 
 @pytest.fixture(autouse=True)
 def test_components():
-    """The test's own component types, registered only while its tests run (the README's
+    """The test's own component types, registered only while its tests run (the docs'
     option tables list every registered type)."""
     registry.load_builtin()
     registry.filter("test_reject")(RejectFilter)

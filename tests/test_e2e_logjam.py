@@ -9,7 +9,7 @@
   together they are more than one spool record holds.
 
 The real logjam producer (logjam-tools' Go http-forwarder) is tested in
-``test_logjam_producer.py`` where it can be built (see the README's logjam section).
+``test_logjam_producer.py`` where it can be built (see docs/guides/logjam.md).
 """
 
 from __future__ import annotations

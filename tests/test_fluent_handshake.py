@@ -1,6 +1,6 @@
 """Tests for the pure forward handshake codec (logrouter.wire.fluent_handshake).
 
-Vector F4 and its digests are from protocols/fluent-forward.md section 12. A PING is fed
+Vector F4 and its digests are listed in docs/protocols/fluent_forward.md section 12. A PING is fed
 whole, byte by byte and split at every offset, and must give the same verdict; the
 salts real peers send (out_forward's hex text, Fluent Bit's raw bytes inside a msgpack
 str, bin) are hashed exactly as received.

@@ -3,7 +3,7 @@
 Writers that see different fields each add their columns; the table only grows, keeps
 the first type of a column, never holds two names differing only in case; concurrent
 updates lose nothing; a writer starting on the lake adopts its types; a plain pyarrow
-read with the table's schema (the README's one line) returns every column.
+read with the table's schema (the one line of docs/lake.md) returns every column.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def test_every_writers_columns_reach_the_table_and_a_plain_read_sees_them(tmp_pa
         "timestamp[us, tz=UTC]", "int64", "string", "double", "binary", "bool", "string", "string", "string", "int32"]
 
     # Without the table schema pyarrow takes the first file's columns only …
-    # … the README's one line gives every column, with the partition types right ("100" stays a string).
+    # … the docs' one line gives every column, with the partition types right ("100" stays a string).
     table = ds.dataset(str(root), partitioning="hive", schema=pq.read_schema(f"{root}/{COMMON_METADATA}")).to_table()
     rows = sorted(table.to_pylist(), key=lambda r: r["time"])
     assert [(r["tag"], r["x"], r["s"], r["y"], r["raw"], r["ok"], r["hour"]) for r in rows] == [

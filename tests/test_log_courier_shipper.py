@@ -8,7 +8,7 @@ exactly when the VERS flags allow it, and once all is acknowledged it has finish
 ``docs/protocols/log_courier.md``).
 The end-to-end test against ``logrouter``'s own courier source supersedes this one;
 the fake receiver here is checked on its own against the protocol's test vectors
-(docs: shared/protocols/log-courier.md §10), so the file tests something even where
+(``docs/protocols/log_courier.md`` section 10), so the file tests something even where
 the shipper cannot be built (it is then skipped with the reason).
 """
 

@@ -1,5 +1,5 @@
 """systemd/logrouter.service and logrouter.socket: ``systemd-analyze verify`` passes with
-the paths the README installs to, ``systemd-analyze security`` rates the sandbox OK, the
+the paths docs/operations/service.md installs to, ``systemd-analyze security`` rates the sandbox OK, the
 hardening the unit promises is there, and the configs the units document are valid.
 
 ``systemd-analyze`` (Debian package ``systemd``) works on unit files without a running
@@ -21,7 +21,7 @@ from daemon import REPO
 SYSTEMD = REPO / "systemd"
 ANALYZE = shutil.which("systemd-analyze")
 needs_analyze = pytest.mark.skipif(ANALYZE is None, reason="systemd-analyze not installed (apt-get install systemd)")
-PREFIX = "/opt/logrouter/bin/"  # where README.md "Installing as a service" puts the venv
+PREFIX = "/opt/logrouter/bin/"  # where docs/operations/service.md puts the venv
 LOGROUTER = Path(sys.executable).parent / "logrouter"
 
 
@@ -36,7 +36,7 @@ def settings(unit: Path) -> dict[str, list[str]]:
 
 
 def installed_units(tmp_path: Path) -> Path:
-    """The units with the README's venv prefix pointing at this venv, as an install would
+    """The units with the documented venv prefix pointing at this venv, as an install would
     have them (``systemd-analyze verify`` checks that every command is executable)."""
     if Path(PREFIX, "twistd").exists():
         return SYSTEMD  # a real install: verify the unit as shipped
@@ -139,9 +139,8 @@ def test_check_config_still_refuses_a_malformed_systemd_endpoint(tmp_path):
     assert "sources.f.listen: bad endpoint 'systemd:domain=INET'" in result.stderr
 
 
-def test_the_readme_installs_what_the_units_expect():
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("\n## Installing as a service\n", 1)[1].split("\n## ", 1)[0]
+def test_the_docs_install_what_the_units_expect():
+    section = (REPO / "docs" / "operations" / "service.md").read_text()
     installed = re.findall(r"install -m 0644 (systemd/\S+) (\S+)", section)
     assert {source for source, _ in installed} == {"systemd/logrouter.toml", "systemd/logrouter.service", "systemd/logrouter.socket"}
     assert all((REPO / source).exists() for source, _ in installed)

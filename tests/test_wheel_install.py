@@ -1,4 +1,4 @@
-"""The README's service install (section "Installing as a service", step 2) works: the
+"""The documented service install (docs/operations/service.md, step 2) works: the
 package as pip builds it from a checkout, in a fresh venv, runs with no checkout on
 ``sys.path``.
 
@@ -12,7 +12,7 @@ the working directory outside any checkout and no ``PYTHONPATH``: checks what th
 installed, runs ``logrouter check-config`` on the unit's config, starts ``twistd -n
 logrouter`` (two workers, so the supervisor starts worker processes from the install
 too), sends one event, waits for its commit, stops the daemon with SIGTERM and reads the
-row back with the README's command for the service's lake.
+row back with the page's command for the service's lake.
 """
 
 from __future__ import annotations
@@ -42,12 +42,11 @@ STEP_2 = [
 
 
 def service_section() -> str:
-    readme = (REPO / "README.md").read_text()
-    return readme.split("\n## Installing as a service\n", 1)[1].split("\n## ", 1)[0]
+    return (REPO / "docs" / "operations" / "service.md").read_text()
 
 
 def step_2_commands() -> list[str]:
-    """Step 2's command lines in the README, comments dropped."""
+    """Step 2's command lines on the page, comments dropped."""
     block = service_section().split("```sh\n", 1)[1].split("```", 1)[0]
     step = block.split("\n# 2.", 1)[1].split("\n# 3.", 1)[0]
     lines = [line.split("  #", 1)[0].strip() for line in step.splitlines()[1:]]
@@ -55,9 +54,9 @@ def step_2_commands() -> list[str]:
 
 
 def service_read_back() -> str:
-    """The code of the README's command that reads the service's lake back."""
+    """The code of the page's command that reads the service's lake back."""
     match = re.search(r'`/opt/logrouter/bin/python -c "([^"`]+)"`', service_section())
-    assert match, "the README names no read-back command for the service's lake"
+    assert match, "docs/operations/service.md names no read-back command for the service's lake"
     return match.group(1)
 
 
@@ -89,7 +88,7 @@ def run(argv: list[str], cwd: Path, timeout: float = 120) -> subprocess.Complete
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory) -> Path:
-    """The venv that step 2 of the README made from a copy of this checkout."""
+    """The venv that step 2 of the page made from a copy of this checkout."""
     assert step_2_commands() == STEP_2  # what follows runs exactly these
     checkout = tmp_path_factory.mktemp("checkout")
     for name in checkout_files():

@@ -1,7 +1,7 @@
 """Tests for the pure Fluentd forward codec (logrouter.wire.fluent_forward).
 
 Every frame is decoded whole, byte by byte and split at every offset, and the results
-must agree. Vectors F1/F2/F3/F5 are from protocols/fluent-forward.md section 12.
+must agree. Vectors F1/F2/F3/F5 are listed in docs/protocols/fluent_forward.md section 12.
 
 Measured speed (ForwardDecoder.feed of one whole message, best of 1500 runs, 2-core VM,
 CPython 3.11, msgpack C extension), 1000 events of ~90 bytes each:

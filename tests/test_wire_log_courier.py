@@ -1,5 +1,5 @@
 """The Log Courier codec: the protocol doc's vectors C1-C4
-(``/work/shared/protocols/log-courier.md`` section 10), messages whole, byte by byte and
+(``docs/protocols/log_courier.md`` section 10), messages whole, byte by byte and
 split at every offset, EVNT streams ending exactly at their zlib end, truncated,
 oversized, bombs, garbage, wrong lengths, bad JSON records, unknown types."""
 

@@ -1,4 +1,4 @@
-"""The logjam message codec: protocols/logjam.md vectors (section 8), round trips, and
+"""The logjam message codec: docs/protocols/logjam.md vectors (section 8), round trips, and
 truncated, garbage, oversized and over-compressed messages."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The Lumberjack codec: frames whole, byte by byte, split at every offset, truncated,
 oversized, garbage, nested and spread compressed frames, and the protocol doc's vectors
-(``/work/shared/protocols/lumberjack.md`` section 10)."""
+(``docs/protocols/lumberjack.md`` section 10)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The Pravega wire codec: the protocol doc's vectors P1-P5 and the frames captured from the
-Rust client (``/work/shared/protocols/pravega-wire.md`` section 9), fed whole, byte by byte
+"""The Pravega wire codec: the vectors P1-P5 (``docs/protocols/pravega.md`` section 11) and the
+frames captured from the Rust client (section 9 there), fed whole, byte by byte
 and split at every offset; append blocks with partial events and padding; every validation
 error; truncated, oversized and garbage input; modified UTF-8; trailing-field tolerance;
 the client decoder for every reply."""

@@ -1,9 +1,9 @@
-"""The README's option tables, rendered from the option specs.
+"""The docs site's option tables, rendered from the option specs.
 
 Every config key is declared once, as an ``Option`` with its type, default and doc (see
-``logrouter.config.options``); ``check-config`` errors and the README both show that doc.
-This module renders one markdown table (key | default | meaning) per section and keeps
-the README's copies between markers up to date::
+``logrouter.config.options``); ``check-config`` errors and the documentation both show
+that doc. This module renders one markdown table (key | default | meaning) per section
+and keeps the copies in the pages under ``docs/`` up to date, between markers::
 
     <!-- options:sources.fluent_forward -->
     | key | default | meaning |
@@ -13,11 +13,17 @@ the README's copies between markers up to date::
 Sections: ``router``, ``spool``, ``compaction``, ``sources.stream`` (the options every
 stream source shares), ``sinks.common`` (every sink's), and ``<kind>.<type>`` for each
 component the registry knows; a component's table leaves out the shared keys it takes
-unchanged. A component registered later (a new source) gets its section added by
-``--write``, under a heading of its own at the end of its kind's part of the README.
+unchanged. A table may sit in any page, once; ``--write`` puts a missing one in its
+default page (``PAGES``, or ``docs/<kind>/<type>.md`` for a component), creating that
+page when it does not exist yet (it then needs its prose and a line in ``mkdocs.yml``'s
+``nav``).
 
-    python -m logrouter.config.docs --write README.md   # regenerate the tables
-    python -m logrouter.config.docs --check README.md   # exit status 1 if they drifted
+The tables are generated Markdown checked into the pages, not made at build time: the
+pages read the same on a forge, in an editor and on the site, and a changed option shows
+up in review as a changed page. ``tests/test_docs_options.py`` fails when they drift.
+
+    python -m logrouter.config.docs --write docs   # regenerate the tables
+    python -m logrouter.config.docs --check docs   # exit status 1 if they drifted
     python -m logrouter.config.docs sources.lumberjack  # print one table
 """
 
@@ -26,15 +32,24 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from pathlib import Path
 from typing import Any
 
 from logrouter.config.options import Option
 
-REGENERATE = "python -m logrouter.config.docs --write README.md"
+REGENERATE = "python -m logrouter.config.docs --write docs"
 END_MARKER = "<!-- /options -->"
 _BLOCK = re.compile(r"<!-- options:(?P<name>[\w.]+) -->\n(?P<body>.*?)" + re.escape(END_MARKER), re.S)
-_HEADING = re.compile(r"^(#{1,6}) ", re.M)
 KINDS = ("sources", "filters", "sinks")
+#: Where the tables that are not one component's live (paths inside the docs directory).
+PAGES = {
+    "router": "configuration.md",
+    "spool": "configuration.md",
+    "compaction": "compaction.md",
+    "sources.stream": "sources/index.md",
+    "sinks.common": "sinks/index.md",
+}
+_TITLES = {"sources": "source", "filters": "filter", "sinks": "sink"}
 
 
 def _shared() -> dict[str, type]:
@@ -46,7 +61,7 @@ def _shared() -> dict[str, type]:
 
 
 def sections() -> dict[str, dict[str, Option]]:
-    """Every section's options, in the README's order."""
+    """Every section's options."""
     from logrouter import registry
     from logrouter.config.load import COMPACTION_OPTIONS, ROUTER_OPTIONS, SPOOL_OPTIONS
 
@@ -77,6 +92,14 @@ def sections() -> dict[str, dict[str, Option]]:
                 if not any(shared_options.get(key) is option for shared_options in inherited)
             }
     return out
+
+
+def page_for(section: str) -> str:
+    """The page (a path inside the docs directory) a section's table goes in by default."""
+    if section in PAGES:
+        return PAGES[section]
+    kind, _, type_name = section.partition(".")
+    return f"{kind}/{type_name}.md"
 
 
 def default_text(option: Option) -> str:
@@ -113,100 +136,100 @@ def _block(name: str, body: str) -> str:
     return f"<!-- options:{name} -->\n{body}{END_MARKER}"
 
 
-def render(text: str, specs: dict[str, dict[str, Option]] | None = None) -> str:
-    """``text`` (the README) with every table regenerated and missing component sections added."""
-    specs = sections() if specs is None else specs
+def render(text: str, specs: dict[str, dict[str, Option]]) -> str:
+    """``text`` (one page) with every table it holds regenerated from ``specs``."""
 
     def replace(match: re.Match[str]) -> str:
         name = match.group("name")
         return _block(name, table(specs[name])) if name in specs else match.group(0)
 
-    text = _BLOCK.sub(replace, text)
-    present = {m.group("name") for m in _BLOCK.finditer(text)}
-    for name in specs:
-        if name not in present:
-            text = _insert(text, name, table(specs[name]))
-            present.add(name)
-    return text
+    return _BLOCK.sub(replace, text)
 
 
-def _insert(text: str, name: str, body: str) -> str:
-    """Add a missing component's section after the last section of its kind."""
-    kind, _, type_name = name.partition(".")
-    last = None
-    for match in _BLOCK.finditer(text):
-        if match.group("name").startswith(kind + "."):
-            last = match
-    if kind not in KINDS or last is None:
-        raise ValueError(f"no place for <!-- options:{name} -->: add the marker to the README by hand")
-    # The heading level of that last section: the new one goes before the next heading of
-    # that level or above (the end of that component's prose).
-    headings = list(_HEADING.finditer(text, 0, last.start()))
-    level = len(headings[-1].group(1)) if headings else 4
-    position = len(text)
-    for heading in _HEADING.finditer(text, last.end()):
-        if len(heading.group(1)) <= level:
-            position = heading.start()
-            break
-    title = f"{'#' * level} `{type_name}`" + (" (sink)" if kind == "sinks" else "")
-    section = f"{title}\n\n{_block(name, body)}\n\n"
-    if position == len(text) and not text.endswith("\n\n"):
-        section = "\n" + section
-    return text[:position] + section + text[position:]
+def new_page(section: str, body: str) -> str:
+    """A page for a component that has none yet: its title and its table, to be described."""
+    kind, _, type_name = section.partition(".")
+    title = f"# `{type_name}` {_TITLES.get(kind, kind)}"
+    return f"{title}\n\n(Not described yet.)\n\n## Options\n\n{_block(section, body)}\n"
 
 
-def problems(text: str, specs: dict[str, dict[str, Option]] | None = None) -> list[str]:
-    """How the README's tables differ from the specs (empty when they agree)."""
+def read_pages(docs: Path) -> dict[str, str]:
+    """Every Markdown page under ``docs``: its path inside ``docs`` -> its text."""
+    return {
+        path.relative_to(docs).as_posix(): path.read_text(encoding="utf-8") for path in sorted(docs.rglob("*.md"))
+    }
+
+
+def problems(pages: dict[str, str], specs: dict[str, dict[str, Option]] | None = None) -> list[str]:
+    """How the pages' tables differ from the specs (empty when they agree)."""
     specs = sections() if specs is None else specs
-    found: dict[str, str] = {}
+    found: dict[str, tuple[str, str]] = {}
     out: list[str] = []
-    for match in _BLOCK.finditer(text):
-        name = match.group("name")
-        if name in found:
-            out.append(f"options:{name}: the README has this table twice")
-        found[name] = match.group("body")
+    for page, text in pages.items():
+        for match in _BLOCK.finditer(text):
+            name = match.group("name")
+            if name in found:
+                out.append(f"options:{name}: the table is in {found[name][0]} and again in {page}")
+            found[name] = (page, match.group("body"))
     for name, options in specs.items():
         if name not in found:
-            out.append(f"options:{name}: no table in the README (no <!-- options:{name} --> marker)")
-        elif found[name] != table(options):
-            out.append(f"options:{name}: the table differs from the option specs")
-    for name in found:
+            out.append(
+                f"options:{name}: no table in the docs (no <!-- options:{name} --> marker; its page is {page_for(name)})"
+            )
+        elif found[name][1] != table(options):
+            out.append(f"options:{name}: the table in {found[name][0]} differs from the option specs")
+    for name, (page, _) in found.items():
         if name not in specs:
-            out.append(f"options:{name}: the README has a table for something that has no options spec")
+            out.append(f"options:{name}: {page} has a table for something that has no options spec")
     return out
+
+
+def write(pages: dict[str, str], specs: dict[str, dict[str, Option]]) -> dict[str, str]:
+    """The pages to write (path -> new text): tables regenerated, missing ones added to their
+    default page (appended, or in a new page)."""
+    out = {page: render(text, specs) for page, text in pages.items()}
+    present = {m.group("name") for text in out.values() for m in _BLOCK.finditer(text)}
+    for name in specs:
+        if name in present:
+            continue
+        page = page_for(name)
+        body = table(specs[name])
+        if page in out:
+            out[page] = out[page].rstrip("\n") + f"\n\n## Options\n\n{_block(name, body)}\n"
+        else:
+            out[page] = new_page(name, body)
+    return {page: text for page, text in out.items() if pages.get(page) != text}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m logrouter.config.docs", description=__doc__.split("\n\n")[0])
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--write", metavar="README", help="regenerate the option tables in this file")
-    group.add_argument("--check", metavar="README", help="exit with status 1 if this file's tables drifted")
+    group.add_argument("--write", metavar="DOCS", help="regenerate the option tables of the pages in this directory")
+    group.add_argument("--check", metavar="DOCS", help="exit with status 1 if the tables in this directory drifted")
     parser.add_argument("section", nargs="*", help="print these sections' tables (default: list the sections)")
     args = parser.parse_args(argv)
     specs = sections()
     if args.write:
-        with open(args.write, encoding="utf-8") as f:
-            old = f.read()
-        try:
-            new = render(old, specs)
-        except ValueError as e:
-            print(f"{args.write}: {e}", file=sys.stderr)
-            return 2
-        if new != old:
-            with open(args.write, "w", encoding="utf-8") as f:
-                f.write(new)
-            print(f"{args.write}: option tables updated")
+        docs = Path(args.write)
+        pages = read_pages(docs)
+        for page, text in write(pages, specs).items():
+            path = docs / page
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            if page in pages:
+                print(f"{path}: option tables updated")
+            else:
+                print(f"{path}: new page: describe the component and add the page to mkdocs.yml's nav")
         return 0
     if args.check:
-        with open(args.check, encoding="utf-8") as f:
-            found = problems(f.read(), specs)
+        found = problems(read_pages(Path(args.check)), specs)
         for problem in found:
             print(f"{args.check}: {problem}", file=sys.stderr)
         if found:
             print(f"regenerate them with: {REGENERATE}", file=sys.stderr)
         return 1 if found else 0
     if not args.section:
-        print("\n".join(specs))
+        print("\n".join(f"{name}  ({page_for(name)})" for name in specs))
         return 0
     for name in args.section:
         if name not in specs:

@@ -27,7 +27,7 @@ SPOOL_OPTIONS: dict[str, Option] = {
         str,
         "fsync",
         "when an ack may be sent: `fsync` (written and fsync'd), `os` (written to the kernel) or `none` (at once); "
-        "see Durability and recovery",
+        "see How delivery works",
         one_of(*DURABILITY),
     ),
     "segment_bytes": Option(int, 64 * 1024 * 1024, "a new segment file starts past this size; segments are deleted once every sink is past them", positive),

@@ -4,7 +4,7 @@ Owns the column-type registry of one writer (``ColumnTypes``) and the choice of 
 new file's schema from its first rows (``file_schema``). Turning rows into a table of
 that schema is convert.py's job.
 
-The rules (also in the README):
+The rules (also in docs/lake.md):
 
 * Every file has the columns ``time`` (``timestamp[us, tz=UTC]``; Spark cannot read
   nanoseconds), then one typed column per record field, then ``_extra`` (string: a

@@ -1,6 +1,6 @@
 """The ``logjam`` sink: republish routed events on a ZeroMQ PUB socket as a logjam device does.
 
-It is the publishing half of a logjam device (``protocols/logjam.md`` sections 5 and 7),
+It is the publishing half of a logjam device (``docs/protocols/logjam.md`` sections 5 and 7),
 so logjam importers, and logrouter's own ``logjam`` source, can subscribe to logrouter.
 The frames themselves are ``logrouter.wire.logjam``'s; this module owns what goes into
 them, the numbering, the heartbeats, the socket and the cursor.

@@ -1,6 +1,6 @@
 """The ``lumberjack`` sink: spool records to a Lumberjack v2 server (Logstash's ``beats`` input).
 
-It is the Beats client side of ``protocols/lumberjack.md``, so logrouter can feed Logstash,
+It is the Beats client side of ``docs/protocols/lumberjack.md``, so logrouter can feed Logstash,
 a go-lumber server, or another logrouter's ``lumberjack`` source (a chain of routers).
 
 **Events.** Every event becomes the JSON object of one ``J`` frame: the record's fields as
@@ -72,7 +72,7 @@ from logrouter.sinks.state import CursorNotices, CursorSaver
 from logrouter.wire import lumberjack as wire
 from logrouter.wire.errors import DecodeError
 
-DEFAULT_PORT = 5044  # Beats' default (protocols/lumberjack.md 1)
+DEFAULT_PORT = 5044  # Beats' default (docs/protocols/lumberjack.md section 1)
 STATE_SAVE_SECS = 1.0
 INLINE_EVENTS = 64  # windows this small are encoded on the reactor thread (a thread hop costs more)
 MAX_PIPELINING = 64

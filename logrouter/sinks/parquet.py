@@ -87,7 +87,7 @@ class ParquetSink(WorkerSink):
         "commits": "commits (files published and the cursor moved at once)",
     }
     OPTIONS = {
-        "path": Option(str, doc="lake root: a directory, `file://` or `hdfs://namenode:8020/logs` (see HDFS under Compaction)", check=_check_path),
+        "path": Option(str, doc="lake root: a directory, `file://` or `hdfs://namenode:8020/logs` (see HDFS)", check=_check_path),
         "writer_id": Option(
             str, "", "unique per router writing into one lake; part of every file name (empty = host name + sink name)", _check_writer_id
         ),

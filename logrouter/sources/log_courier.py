@@ -1,7 +1,7 @@
 """The ``log_courier`` source: the Log Courier ("courier") protocol, as Log Carver serves it.
 
 Point a Log Courier shipper (``network.transport`` ``tcp`` or ``tls``) at it. The wire is
-``logrouter.wire.log_courier``; what this module adds (``protocols/log-courier.md``):
+``logrouter.wire.log_courier``; what this module adds (``docs/protocols/log_courier.md``):
 
 - **Handshake** (the stream base's hook): a ``HELO`` first gets ``VERS`` with the EVNT bit
   set, so the shipper streams its payloads (``EVNT``); a first ``JDAT``/``EVNT`` is a client

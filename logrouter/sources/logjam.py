@@ -1,7 +1,7 @@
 """The ``logjam`` source: logjam messages over ZeroMQ, as an importer and as a device.
 
 logjam (the Rails performance pipeline) moves JSON request logs as 4-frame ZeroMQ
-messages (``protocols/logjam.md``; codec ``logrouter.wire.logjam``). This source takes
+messages (``docs/protocols/logjam.md``; codec ``logrouter.wire.logjam``). This source takes
 them three ways, in any combination:
 
 * ``connect``: a SUB socket per device endpoint (``tcp://device:9606``), subscribed to

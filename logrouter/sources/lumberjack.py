@@ -95,7 +95,7 @@ class LumberjackProtocol(AckingConnection, StreamProtocol):
 
     def encode_keepalive(self, window: Any, acked: int) -> bytes:
         # Logstash writes '2' here even to v1 peers; the Node v1 client rejects that,
-        # so the connection's own version byte is used (protocols/lumberjack.md 9).
+        # so the connection's own version byte is used (docs/protocols/lumberjack.md section 9).
         return wire.encode_ack(0, self.decoder.version or 2)
 
     def stalled_by_us(self) -> bool:

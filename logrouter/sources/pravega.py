@@ -4,7 +4,7 @@ An application writing with the official Pravega client asks the controller (gRP
 ``logrouter.pravega.controller``, served from this source's ``controller_listen``) for a
 stream's segments and where they live, then appends to each segment over the segment
 store wire protocol (``logrouter.wire.pravega``) on ``listen``. This module is the
-segment store's append path (``protocols/pravega-wire.md`` §3, §6):
+segment store's append path (``docs/protocols/pravega.md`` §3, §6):
 
 - **Hello:** the client's versions must overlap ours (5..17; the Rust client says 15, the
   Java one 17); we answer ``Hello(17, 5)``, or answer and close when they do not.

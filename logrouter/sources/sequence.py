@@ -6,7 +6,7 @@ owns that bookkeeping and nothing else: no sockets, no decoding. It is keyed by
 ``(endpoint, device number)``: ``endpoint`` is whatever the source connected to (its
 configured ``tcp://…`` string), the device number comes from the meta frame.
 
-Rules (protocols/logjam.md §5, the C importer's ``device-tracker.c``, with our additions):
+Rules (docs/protocols/logjam.md §5, the C importer's ``device-tracker.c``, with our additions):
 
 * Sequence numbers are u64; a logjam device numbers **every** message it publishes
   (heartbeats too) from 1 after start-up. So heartbeats must go through the tracker as
@@ -62,7 +62,7 @@ SEQUENCE_MASK = (1 << SEQUENCE_BITS) - 1
 SEQUENCE_MAX = SEQUENCE_MASK
 _HALF = 1 << (SEQUENCE_BITS - 1)
 
-#: C importer: 6 credits, one taken every 5 one-second ticks (protocols/logjam.md §5).
+#: C importer: 6 credits, one taken every 5 one-second ticks (docs/protocols/logjam.md §5).
 DEFAULT_SILENCE_SECS = 30.0
 DEFAULT_MAX_KEYS = 4096
 DEFAULT_DUPLICATE_WINDOW = 1024

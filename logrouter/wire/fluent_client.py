@@ -15,7 +15,7 @@ It owns the bytes a forwarding client writes and reads in the transport phase:
 - ``ReplyReader``: an incremental decoder of what a server sends back: HELO and PONG
   during the handshake (read by ``fluent_handshake.ClientHandshake``) and ``{"ack": id}``.
 
-Wire facts are in ``protocols/fluent-forward.md``.
+Wire facts are in ``docs/protocols/fluent_forward.md``.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 COMPRESSIONS = ("text", "gzip")
-HEARTBEAT_REQUEST = b"\x00"  # UDP heartbeat datagram (protocols/fluent-forward.md F5)
+HEARTBEAT_REQUEST = b"\x00"  # UDP heartbeat datagram (docs/protocols/fluent_forward.md section 12, F5)
 HEARTBEAT_REPLY = b"\x00"
 MAX_REPLY_BYTES = 1 << 20  # acks are ~30 bytes, HELO/PONG a few hundred
 

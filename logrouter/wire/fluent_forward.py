@@ -25,7 +25,7 @@ kept and acked. Negative times (before 1970) inside the range are real dates and
 kept; only 0 is special ("now", as in_forward does). JSON integers that msgpack cannot
 hold (outside int64..uint64), anywhere in a record, are kept as their decimal text.
 
-Wire facts and the quirks of real peers are in ``protocols/fluent-forward.md``; the
+Wire facts and the quirks of real peers are in ``docs/protocols/fluent_forward.md``; the
 section numbers in comments below refer to it. The handshake (HELO/PING/PONG) is in
 ``fluent_handshake``.
 """

@@ -1,6 +1,6 @@
 """Fluentd forward protocol v1 handshake (HELO / PING / PONG), pure Python with no Twisted.
 
-It owns the messages of the security phase (``protocols/fluent-forward.md`` section 4):
+It owns the messages of the security phase (``docs/protocols/fluent_forward.md`` section 4):
 
 - ``ServerHandshake``: one connection's server side. ``helo()`` is the greeting the
   server sends first; ``feed(data)`` reads the client's PING incrementally, checks the

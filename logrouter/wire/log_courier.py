@@ -1,6 +1,6 @@
 """Log Courier protocol ("courier") codec, pure Python with no Twisted imports.
 
-It owns the bytes of a Log Courier / Log Carver v2 connection (``protocols/log-courier.md``;
+It owns the bytes of a Log Courier / Log Carver v2 connection (``docs/protocols/log_courier.md``;
 section numbers in comments refer to it):
 
 - ``LogCourierDecoder``: an incremental decoder for the client->server half: ``HELO``,

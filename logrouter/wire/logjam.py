@@ -1,6 +1,6 @@
 """Logjam ZeroMQ message codec, pure Python with no Twisted or ZeroMQ imports.
 
-It owns the frames of one logjam multipart message (``protocols/logjam.md``; section
+It owns the frames of one logjam multipart message (``docs/protocols/logjam.md``; section
 numbers in comments refer to it):
 
 - ``decode_message(frames)``: a data message (app-env, topic, body, meta-info) becomes a

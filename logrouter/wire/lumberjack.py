@@ -11,7 +11,7 @@ It owns the bytes a Beats/Lumberjack client sends and the acks a server answers 
 - ``AckDecoder``: the client side's reader for ``A`` frames.
 - Encoders for ``A`` (server) and ``W``/``J``/``D``/``C`` (client) frames.
 
-Wire facts and the differences between real peers are in ``protocols/lumberjack.md``;
+Wire facts and the differences between real peers are in ``docs/protocols/lumberjack.md``;
 the section numbers in comments refer to it. Summary of what this codec decides:
 
 - Acks carry the highest ``seq`` seen in the window so far (Logstash style, section 4).

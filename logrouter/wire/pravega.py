@@ -1,7 +1,7 @@
 """Pravega segment-store wire protocol codec, pure Python with no Twisted imports.
 
 It owns the bytes of one connection between a Pravega writer and a segment store
-(``protocols/pravega-wire.md``; section numbers in comments refer to it):
+(``docs/protocols/pravega.md``; section numbers in comments refer to it):
 
 - ``PravegaServerDecoder``: an incremental decoder for the client->server half. It yields
   ``Hello``, ``KeepAlive``, ``SetupAppend``, ``Append`` (one per ``AppendBlock`` +
