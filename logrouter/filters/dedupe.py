@@ -107,25 +107,25 @@ class DedupeFilter:
             if key == empty:
                 append(event)
                 continue
-            place = base + index
-            when = event[0]
             openers = seen.get(key)
             if openers is None:
                 if len(seen) >= self.max_keys:
                     seen.popitem(last=False)
-                seen[key] = ((place, when),)
+                seen[key] = ((base + index, event[0]),)
                 self.changes += 1
                 append(event)
                 continue
-            last = openers[-1]
-            if last[0] < place:  # after every opener of the key: the usual case
-                if -window < when - last[1] < window:
+            last_place, last_time = openers[-1]
+            # After every opener of the key (the usual case; the first test spares an addition).
+            if last_place < base or last_place < base + index:
+                when = event[0]
+                if -window < when - last_time < window:
                     continue  # a duplicate
-                seen[key] = self._opened(openers, (place, when))
+                seen[key] = self._opened(openers, (base + index, when))
                 seen.move_to_end(key)  # a new window: the key moves to the newest end
                 self.changes += 1
                 append(event)
-            elif self._passes_again(key, openers, place, when):
+            elif self._passes_again(key, openers, base + index, event[0]):
                 append(event)
         return kept
 
