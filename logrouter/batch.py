@@ -22,6 +22,11 @@ Python objects, and the decode runs in the sink's thread. A failed decode raises
 keys, lists, str, int, float, bool, None) and bytes, as the JSON sources (and Pravega's
 raw payloads) build them: the spool then encodes them with a faster encoder
 (``logrouter.spool.record``). ``replace`` drops it.
+
+A ``Routing`` is one routing of one spool record down the graph: live, in a sink's
+catch-up, or (``dry``) in a filter memory's warm-up at start. A record is routed again
+whenever a sink replays the spool, so its position tells a replay from a new record,
+whatever the events look like; filters that keep state (``dedupe``) are handed it.
 """
 
 from __future__ import annotations
@@ -83,3 +88,22 @@ class Batch:
 
     def __repr__(self) -> str:
         return f"Batch(tag={self.tag!r}, events={len(self.events)}, source={self.source!r})"
+
+
+class Routing:
+    """One routing of the spool record at ``position`` (ending at ``end``, ``size`` payload
+    bytes) to the sinks named in ``targets``; ``dry``: to none of them, for the filters'
+    memory only (``logrouter.filters.memory``). Each routing is a new object: the batches
+    a filter is handed with the same one come from one routing of one record."""
+
+    __slots__ = ("position", "end", "size", "targets", "dry")
+
+    def __init__(self, position: int, end: int, size: int, targets: frozenset[str], dry: bool = False) -> None:
+        self.position = position
+        self.end = end
+        self.size = size
+        self.targets = targets
+        self.dry = dry
+
+    def __repr__(self) -> str:
+        return f"Routing(position={self.position}, targets={sorted(self.targets)}{', dry' if self.dry else ''})"

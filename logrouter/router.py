@@ -27,11 +27,12 @@ from twisted.internet import defer, threads
 from twisted.logger import Logger
 
 from logrouter import dedupe, routes
-from logrouter.batch import Batch
+from logrouter.batch import Batch, Routing
 from logrouter.config.load import Config
 from logrouter.errors import RoutedErrors
+from logrouter.filters.memory import FilterMemory
 from logrouter.retired import RetiredSources
-from logrouter.routes import FilterNode
+from logrouter.routes import FilterNode, filter_reach
 from logrouter.serial import defer_to_thread
 from logrouter.sinks.state import SinkState
 from logrouter.sources.base import Source, SourceContext, build_source
@@ -94,6 +95,7 @@ class Router:
         self.max_spool_bytes = spool["max_bytes"]
         self.dedupe = dedupe.DedupeWindow(spool["dedupe_window"])
         self.dedupe_path = os.path.join(spool["path"], "dedupe.msgpack")
+        self.filter_memory = FilterMemory(spool["path"])  # what dedupe filters remember, across restarts
         # Batches a sink behind has still to read, so that _catch_up need not decode them again.
         self.recent_batches = RecentBatches()
         self.sinks = {name: c.cls(name, c.options, self.errors, reactor) for name, c in config.sinks.items()}
@@ -267,9 +269,7 @@ class Router:
             if self.sources.get(batch.source) in self._not_reading:
                 held = [(f, f.sink.queued_bytes) for f in map(self.feeds.__getitem__, targets) if f.held_since is not None]
             try:
-                self.errors.pass_number += 1
-                for node in self.routes.get(batch.source, ()):
-                    node.push(batch, position, size, targets)
+                self._route(batch, Routing(position, end, size, targets))
             except Exception:
                 # Filter and sink nodes catch their own errors, so this is a bug: log it
                 # loudly, and still ack, since the batch is durable in the spool.
@@ -279,6 +279,12 @@ class Router:
             for name in targets:
                 self._handed(self.feeds[name], end)
         self._release_recent()
+
+    def _route(self, batch: Batch, routing: Routing) -> None:
+        """Push one spool record's batch down its routes."""
+        self.errors.pass_number += 1
+        for node in self.routes.get(batch.source, ()):
+            node.push(batch, routing)
 
     def _release_recent(self) -> None:
         """The recent batches every sink has been handed are no longer needed."""
@@ -368,6 +374,8 @@ class Router:
         sink = feed.sink
         if not feed.started or feed.live or feed.reading is not None or sink.failing or self.stopping:
             return
+        if not self.filter_memory.ready:
+            return  # the start's warm-up first (logrouter.filters.memory); it feeds every sink then
         if sink.queued_bytes > sink.options["max_queue_bytes"] * LOW_WATER:
             return  # _progress calls again as the sink drains
         limit = self.routed_end
@@ -422,9 +430,7 @@ class Router:
                     self.log.error("spool record at {position} cannot be decoded ({error}); skipped",
                                    position=record.offset, error=batch)
                 else:
-                    self.errors.pass_number += 1
-                    for node in self.routes.get(batch.source, ()):
-                        node.push(batch, record.offset, len(record.payload), feed.targets)
+                    self._route(batch, Routing(record.offset, record.end, len(record.payload), feed.targets))
                 self._handed(feed, record.end)
             else:
                 if next_position > feed.delivered:
@@ -503,10 +509,14 @@ class Router:
             self._apply_reading()
 
     def _trim(self) -> None:
-        """Delete spool segments every sink is done with and the dedupe snapshot covers."""
+        """Delete spool segments every sink is done with and the snapshots (the id window,
+        the filters' memory) cover."""
         if self._reloading:
             return  # a sink being replaced has no feed for a moment; its cursor still counts
+        if not self.filter_memory.ready:
+            return  # the filters' memory is being read back (the start's warm-up) from the spool
         cursor = self.min_cursor()
+        self.filter_memory.release(self.filters, cursor)
         first_end = self.spool.first_segment_end
         if first_end is not None and first_end <= cursor:
             if self._snapshot_position < cursor:
@@ -514,7 +524,7 @@ class Router:
                 return  # trimmed once the snapshot is on disk
             self.spool.delete_before(min(cursor, self._snapshot_position))
         elif self.reactor.seconds() - self._snapshot_saved_at > DEDUPE_SNAPSHOT_SECS and (
-            self.dedupe.done or self.dedupe.writers
+            self.dedupe.done or self.dedupe.writers or self.filter_memory.changed(self.filters)
         ):
             self._save_snapshot()
 
@@ -522,10 +532,21 @@ class Router:
         if self._snapshot is not None:
             return self._snapshot
         position = self.routed_end
+        # The spool from where the filters' memory saved (or restored) ends is kept for a
+        # warm-up at the next start (logrouter.filters.memory).
+        covered = self.filter_memory.covered(self.filters)
+        if covered is not None:
+            position = min(position, covered)
         entries = list(self.dedupe.done.items())
         writers = list(self.dedupe.writers.items())
+        memory = self.filter_memory.capture(self.filters)
         self._snapshot_saved_at = self.reactor.seconds()
-        d = threads.deferToThread(dedupe.save_snapshot, self.dedupe_path, entries, position, writers)
+
+        def save() -> None:
+            dedupe.save_snapshot(self.dedupe_path, entries, position, writers)
+            self.filter_memory.save(memory)
+
+        d = threads.deferToThread(save)
 
         def saved(_: Any) -> None:
             self._snapshot = None
@@ -584,13 +605,17 @@ class Router:
         self.spool.open()
         self.routed_end = self.spool.end
         yield threads.deferToThread(self._load_dedupe)
+        yield defer_to_thread(self.filter_memory.load)
+        self.filter_memory.restore(self.filters)
+        # The spool after what the restored memory covers is needed for the warm-up.
+        self._snapshot_position = min([self._snapshot_position, *self.filter_memory.starts.values()])
         saved = yield defer_to_thread(self.retired.load)
         self.retired.start(saved, self.config, self.spool.end)
         self.routes = self._build_routes()
         yield self.retired.save(self.config)  # before a source stores anything under this graph
         for feed in self.feeds.values():
             if self.stop_requested:
-                return
+                break
             cursor = yield feed.sink.start()
             feed.started = True
             feed.delivered = max(cursor, self.spool.start)
@@ -602,7 +627,15 @@ class Router:
                     cursor=cursor,
                     backlog=self.spool.end - cursor,
                 )
+        # Before any sink replays through them, the filters with a memory decide again what
+        # their saved memory lacks (even when stopping: the stop's drain feeds the sinks).
+        delivered = {name: feed.delivered for name, feed in self.feeds.items() if feed.started}
+        span = self.filter_memory.warm_up_range(filter_reach(self.routes), delivered, self.spool.start)
+        yield self.filter_memory.warm_up(span, self.spool.read, self._route)
+        for feed in self.feeds.values():
             self._catch_up(feed)
+        if self.stop_requested:
+            return
         self._release_retired()
         self._log_retired()
         for source in self.sources.values():
@@ -902,3 +935,13 @@ class Router:
                 # from the older snapshot and the spool after it (trimmed only past a snapshot).
                 self.log.error("saving the dedupe snapshot at the stop failed ({error}); the next start "
                                "rebuilds the window from the spool", error=e)
+        self.filter_memory.release(self.filters, self.min_cursor())  # the sinks' final commits
+        memory = self.filter_memory.capture(self.filters)
+        if memory is not None:
+            try:
+                yield threads.deferToThread(self.filter_memory.save, memory)
+            except OSError as e:
+                # As above: the next start warms the filters up from the older memory (the
+                # spool is trimmed only past what a saved memory covers).
+                self.log.error("saving the filters' memory at the stop failed ({error}); the next start "
+                               "reads it back from the spool", error=e)

@@ -15,7 +15,7 @@ from typing import Any
 
 from twisted.logger import Logger
 
-from logrouter.batch import Batch
+from logrouter.batch import Batch, Routing
 from logrouter.config.load import ERRORS_OUTPUT, Config
 from logrouter.errors import LoggedErrors
 
@@ -39,26 +39,29 @@ class FilterNode:
 
     ``children`` maps an output to the nodes that take it: ``None`` is the filter's main
     output; a filter with named outputs (``route``) returns ``{output: batch}`` from
-    ``process`` and each batch goes to the nodes of its output.
+    ``process`` and each batch goes to the nodes of its output. A filter whose class sets
+    ``TAKES_ROUTING`` is called ``process(batch, routing)``: the ``Routing`` tells it which
+    spool record the batch comes from, and which routing of it.
     """
 
     def __init__(self, name: str, component: Any, errors: LoggedErrors) -> None:
         self.name = name
         self.component = component
+        self.takes_routing = bool(getattr(component, "TAKES_ROUTING", False))
         self.errors = errors
         self.children: dict[str | None, list[Any]] = {}
         self.reach: frozenset[str] = frozenset()
 
-    def push(self, batch: Batch, position: int, size: int, targets: frozenset[str]) -> None:
-        if self.reach.isdisjoint(targets):
+    def push(self, batch: Batch, routing: Routing) -> None:
+        if self.reach.isdisjoint(routing.targets):
             return
         errors = self.errors
-        errors.position = position  # what the filter reports comes from this spool record
+        errors.position = routing.position  # what the filter reports comes from this spool record
         try:
-            out = self.component.process(batch)
+            out = self.component.process(batch, routing) if self.takes_routing else self.component.process(batch)
         except Exception as e:
             # A filter bug must not take the router down; its whole batch goes to the error path.
-            for record in records_of(batch, position):
+            for record in records_of(batch, routing.position):
                 errors(self.name, batch.tag, record, f"filter raised {type(e).__name__}: {e}")
             return
         finally:
@@ -69,12 +72,12 @@ class FilterNode:
             for output, part in out.items():
                 if part is not None and part.events:
                     for child in self.children.get(output, ()):
-                        child.push(part, position, size, targets)
+                        child.push(part, routing)
             return
         if not out.events:
             return
         for child in self.children.get(None, ()):
-            child.push(out, position, size, targets)
+            child.push(out, routing)
 
 
 class SinkNode:
@@ -84,12 +87,12 @@ class SinkNode:
         self.errors = errors
         self.reach = frozenset((name,))
 
-    def push(self, batch: Batch, position: int, size: int, targets: frozenset[str]) -> None:
-        if self.name in targets:
+    def push(self, batch: Batch, routing: Routing) -> None:
+        if self.name in routing.targets and not routing.dry:
             errors = self.errors
-            errors.position = position
+            errors.position = position = routing.position
             try:
-                self.component.write(batch, position, size)
+                self.component.write(batch, position, routing.size)
             except Exception as e:
                 # A batch the sink cannot take (a bug, a value it cannot encode) would fail
                 # the same way on every retry: it goes to the error path, the sink goes on.
@@ -139,3 +142,18 @@ def build(
 def reach(nodes: list[Any]) -> frozenset[str]:
     """The sinks a batch pushed down ``nodes`` can reach."""
     return frozenset().union(*(node.reach for node in nodes))
+
+
+def filter_reach(routes: dict[str, list[Any]]) -> dict[str, frozenset[str]]:
+    """Per filter on some route, the sinks a batch it is handed can reach."""
+    found: dict[str, frozenset[str]] = {}
+    seen: set[int] = set()
+    stack = [node for nodes in routes.values() for node in nodes]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, FilterNode) or id(node) in seen:
+            continue
+        seen.add(id(node))
+        found[node.name] = found.get(node.name, frozenset()) | node.reach
+        stack.extend(child for group in node.children.values() for child in group)
+    return found

@@ -16,7 +16,7 @@ from twisted.internet import defer, task
 from helpers import spin
 from source_fakes import CursorSink, log_lines  # noqa: F401  (log_lines is a fixture)
 from logrouter import registry
-from logrouter.batch import Batch
+from logrouter.batch import Batch, Routing
 from logrouter.config.load import load_string
 from logrouter.lake.dataset import lake_dataset
 from logrouter.router import Router
@@ -257,11 +257,11 @@ def test_a_deferred_batch_that_cannot_be_decoded_never_escapes_a_node(log_lines)
             reported.append(args)
 
     batch = Batch.deferred("t", "in", broken)
-    FilterNode("f", Raising(), Errors()).push(batch, 700, 10, frozenset({"s"}))  # reach is empty: skipped
+    FilterNode("f", Raising(), Errors()).push(batch, Routing(700, 718, 10, frozenset({"s"})))  # reach is empty: skipped
     node = FilterNode("f", Raising(), Errors())
     node.reach = frozenset({"s"})
-    node.push(batch, 700, 10, frozenset({"s"}))
-    SinkNode("s", Raising(), Errors()).push(batch, 800, 10, frozenset({"s"}))
+    node.push(batch, Routing(700, 718, 10, frozenset({"s"})))
+    SinkNode("s", Raising(), Errors()).push(batch, Routing(800, 818, 10, frozenset({"s"})))
     assert reported == []
     lines = [line for line in log_lines if "cannot be decoded" in line]
     assert len(lines) == 2 and "spool record at 700" in lines[0] and "spool record at 800" in lines[1]

@@ -10,6 +10,7 @@ error-level logs routed to a lake path of their own, and everything that failed 
 from __future__ import annotations
 
 import json
+import os
 import socket
 
 import msgpack
@@ -251,3 +252,70 @@ def test_a_value_that_makes_a_regex_backtrack_costs_nothing_and_stops_no_one(tmp
     assert by_message[evil]["_parse_error"] == "parse_regex: the pattern does not match"
     assert [by_message["a" * n]["word"] for n in (1, 2, 3)] == ["a", "aa", "aaa"]
     assert all(by_message[f"hello {i}"]["_parse_error"] for i in range(3))
+
+
+# --- dedupe: real duplicates dropped, live and after a kill -9 (issue 28) -----------------------
+
+DEDUPE_CONFIG = """
+[router]
+workers = 1
+
+[spool]
+path = "spool"
+
+[sources.forward]
+type = "fluent_forward"
+listen = "tcp:0:interface=127.0.0.1"
+
+[filters.unique]
+type = "dedupe"
+inputs = ["forward"]
+fields = ["message"]
+
+[sinks.lake]
+type = "parquet"
+inputs = ["unique"]
+path = "lake"
+row_group_rows = 1
+roll_bytes = 20000   # a padded event fills a file: published at once
+roll_secs = 3600     # a small one's file stays open: the cursor stays at its record
+"""
+
+
+def _forward(sock, tag, chunk_id, events):
+    sock.sendall(encode_packed_forward(tag, events, {"size": len(events), "chunk": chunk_id}))
+    assert _ack_of(sock) == chunk_id
+
+
+def _messages(path):
+    counts: dict[str, int] = {}
+    for row in read_lake(path):
+        counts[row["message"]] = counts.get(row["message"], 0) + 1
+    return counts
+
+
+def test_dedupe_drops_an_event_sent_twice_and_a_resent_batch_also_after_a_kill_9(tmp_path):
+    pad = os.urandom(40_000).hex()  # incompressible enough to fill a file
+    event = (T0 * 10**9, {"message": "disk full", "pad": pad})
+    batch = [(T0 * 10**9 + i, {"message": f"b{i}", "pad": pad}) for i in range(3)]
+    with Daemon(tmp_path, DEDUPE_CONFIG) as daemon:
+        daemon.start()
+        with socket.create_connection(("127.0.0.1", daemon.port("forward")), timeout=30) as sock:
+            _forward(sock, "dup.big", "c1", [event])
+            _forward(sock, "dup.big", "c2", batch)
+            # Its file stays open: the lake's cursor stays here, before the resends.
+            _forward(sock, "dup.hold", "c3", [(T0 * 10**9, {"message": "hold"})])
+            _forward(sock, "dup.big", "c4", [event])  # the same event again, its own message, same second
+            _forward(sock, "dup.big", "c5", batch)  # the batch resent under a new chunk id
+            _forward(sock, "dup.fence", "c6", [(T0 * 10**9, {"message": "fence", "pad": pad})])
+        # The lake writes in spool order: once the last record's file is out, every one was decided.
+        lake = tmp_path / "lake"
+        wait_until(lambda: lake.exists() and "fence" in _messages(lake), 60, "the fence row")
+        assert _messages(lake) == {"disk full": 1, "b0": 1, "b1": 1, "b2": 1, "fence": 1}
+        daemon.kill()
+    # The restart replays the spool from the cursor (the hold record): the resends again.
+    with Daemon(tmp_path, DEDUPE_CONFIG) as daemon:
+        daemon.start()
+        daemon.wait_for(r"sink lake: resuming from spool position")
+        daemon.stop_gracefully()
+    assert _messages(lake) == {"disk full": 1, "b0": 1, "b1": 1, "b2": 1, "fence": 1, "hold": 1}

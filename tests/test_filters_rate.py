@@ -6,7 +6,7 @@ import copy
 
 from twisted.internet import task
 
-from logrouter.batch import Batch
+from logrouter.batch import Batch, Routing
 from logrouter.filters.dedupe import DedupeFilter
 from logrouter.filters.throttle import ThrottleFilter
 
@@ -117,11 +117,15 @@ def test_dedupe_across_batches_and_a_replay_gives_the_same_output():
     f, _ = make(DedupeFilter, fields=["m"], window_secs=60)
     first = Batch("t", [(i * SECOND, {"m": f"x{i % 3}"}) for i in range(6)])
     second = Batch("t", [(100 * SECOND + i, {"m": f"x{i % 3}"}) for i in range(6)])
-    out1 = records(f.process(first))
-    out2 = records(f.process(second))
+
+    def routing(position):  # one routing of the spool record at position
+        return Routing(position, position + 100, 90, frozenset({"sink"}))
+
+    out1 = records(f.process(first, routing(0)))
+    out2 = records(f.process(second, routing(100)))
     assert out1 == [{"m": "x0"}, {"m": "x1"}, {"m": "x2"}] and out2 == out1
     # A sink failed and the router replays the same spool records through the same filter.
-    assert records(f.process(first)) == out1 and records(f.process(second)) == out2
+    assert records(f.process(first, routing(0))) == out1 and records(f.process(second, routing(100))) == out2
 
 
 def test_dedupe_unhashable_values_and_bounded_memory():

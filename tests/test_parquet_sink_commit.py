@@ -162,6 +162,7 @@ def test_damaged_state_file_never_stops_startup(tmp_path):
 
 
 def test_a_sink_that_raises_sends_the_batch_to_the_error_path():
+    from logrouter.batch import Routing
     from logrouter.errors import LoggedErrors
     from logrouter.routes import SinkNode
 
@@ -171,7 +172,7 @@ def test_a_sink_that_raises_sends_the_batch_to_the_error_path():
 
     errors = LoggedErrors()
     node = SinkNode("out", Broken(), errors)
-    node.push(Batch("t", [(T0, {"a": 1}), (T0, {"a": 2})]), 0, 10, frozenset({"out"}))
+    node.push(Batch("t", [(T0, {"a": 1}), (T0, {"a": 2})]), Routing(0, 20, 10, frozenset({"out"})))
     assert errors.counts == {"out": 2}
 
 
