@@ -26,7 +26,7 @@ from fluent import sender
 
 from courier_client import CourierClient
 from daemon import REPO, Daemon
-from helpers import read_lake, wait_until
+from helpers import read_lake, scrape, wait_until
 from logrouter.config.load import load_file
 from logrouter.wire import logjam as logjam_wire
 
@@ -118,8 +118,6 @@ def test_one_event_from_each_protocol_lands_in_the_lake(tmp_path):
         assert writer.returncode == 0 and "flushed 1" in writer.stdout, writer.stderr
 
         def stored() -> dict[str, float]:
-            from helpers import scrape
-
             page = scrape(int(metrics.group(2)))
             return {k: v for k, v in page.items() if k.startswith("logrouter_source_events_total{")}
 
