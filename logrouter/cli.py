@@ -1,6 +1,7 @@
 """The ``logrouter`` command: ``check-config FILE``, ``run`` (twistd in the foreground),
-``compact`` (see or run lake compaction by hand) and ``plugin-cache`` (refresh Twisted's
-plugin cache as the owner of an install)."""
+``reload``, ``top`` (a live view of a running router), ``compact`` (see or run lake
+compaction by hand), ``lake`` and ``plugin-cache`` (refresh Twisted's plugin cache as the
+owner of an install)."""
 
 from __future__ import annotations
 
@@ -8,43 +9,13 @@ import argparse
 import os
 import sys
 
+from logrouter.config.endpoints import accept_any_systemd_sockets
 from logrouter.config.load import ConfigError, load_file
 from logrouter.tap import DEFAULT_CONFIG
 
 
-def _take_any_systemd_socket() -> None:
-    """Outside socket activation, check ``systemd:`` endpoints for their form only.
-
-    Twisted resolves ``systemd:domain=…:index=N`` (or ``name=…``) against the sockets
-    passed in ``LISTEN_FDS`` while parsing the endpoint, so without them every such
-    endpoint is "bad". ``check-config`` runs outside the service manager (systemd does
-    not pass the sockets to ``ExecStartPre=`` either), so it takes every index and name
-    as passed; the daemon itself still refuses one that is missing.
-    """
-    from collections import defaultdict
-
-    from twisted.internet import endpoints
-
-    parser = endpoints._SystemdParser
-    if parser._sddaemon.inheritedDescriptors():
-        return  # really socket-activated: check against what was passed
-
-    class AnyIndex:
-        def __getitem__(self, index: int) -> int:
-            return -1  # adopted only by listen(), which check-config never calls
-
-    class AnySocket:
-        def inheritedDescriptors(self) -> AnyIndex:
-            return AnyIndex()
-
-        def inheritedNamedDescriptors(self) -> dict[str, int]:
-            return defaultdict(lambda: -1)
-
-    parser._sddaemon = AnySocket()
-
-
 def check_config(path: str) -> int:
-    _take_any_systemd_socket()
+    accept_any_systemd_sockets()
     try:
         config = load_file(path)
     except ConfigError as e:
@@ -116,10 +87,9 @@ def reload(path: str, url: str | None = None) -> int:
     import urllib.error
     import urllib.request
 
-    from logrouter.config.endpoints import listen_address
-    from logrouter.config.http_options import reload_token
+    from logrouter.config.http_options import endpoint_url, reload_token
 
-    _take_any_systemd_socket()  # the router holds the passed sockets, not this command
+    accept_any_systemd_sockets()  # the router holds the passed sockets, not this command
     try:
         config = load_file(path)
     except ConfigError as e:
@@ -132,18 +102,14 @@ def reload(path: str, url: str | None = None) -> int:
         print(f"{path}: {why_not}", file=sys.stderr)
         return 1
     if url is None:
-        listen = config.router["metrics_listen"]
-        address = listen_address(listen) if listen else None
-        if address is None or address[1] == 0:
+        url = endpoint_url(config.router["metrics_listen"])
+        if url is None:
             print(
                 f"{path}: [router] metrics_listen is not a TCP endpoint with a fixed port; pass --url or send SIGHUP "
                 "to the router instead",
                 file=sys.stderr,
             )
             return 1
-        _, port, interface = address
-        host = interface or "127.0.0.1"
-        url = f"http://{f'[{host}]' if ':' in host else host}:{port}"
     request = urllib.request.Request(url.rstrip("/") + "/reload", method="POST", headers={"Authorization": f"Bearer {token}"})
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
@@ -172,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     from logrouter.compaction import tool
 
     tool.add_arguments(compactor)
+    from logrouter.top import command as top
+
+    top.add_arguments(commands.add_parser("top", help="a live view of a running router (its /metrics), refreshed every second"))
     from logrouter.lake import ddl
 
     ddl.add_parser(commands)
@@ -186,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         return reload(args.config, args.url)
     if args.command == "compact":
         return tool.compact(args)
+    if args.command == "top":
+        return top.run(args)
     return run(args.config)
 
 

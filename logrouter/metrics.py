@@ -14,6 +14,10 @@ from typing import Any, Iterator
 
 Sample = tuple[str, str, dict[str, str], float]
 
+#: Gauges that are an age or a point in time: over several processes (``workers``) the
+#: page shows the largest (the oldest uncommitted event, the latest commit), not the sum.
+LARGEST_OVER_PROCESSES = frozenset({"logrouter_sink_lag_seconds", "logrouter_sink_last_commit_timestamp_seconds"})
+
 
 def collect(router: Any) -> Iterator[Sample]:
     """Every component's samples, in the order their metrics appear on the page."""

@@ -31,11 +31,15 @@ from logrouter.batch import Batch, Routing
 from logrouter.config.load import Config
 from logrouter.errors import RoutedErrors
 from logrouter.filters.memory import FilterMemory
+from logrouter.feeds import SinkFeed
+from logrouter.flow import Flow
+from logrouter.progress import ProgressLog
 from logrouter.retired import RetiredSources
 from logrouter.routes import FilterNode, filter_reach
 from logrouter.serial import defer_to_thread
 from logrouter.sinks.state import SinkState
 from logrouter.sources.base import Source, SourceContext, build_source
+from logrouter.spool.ages import StoreTimes
 from logrouter.spool.log import SpoolLog
 from logrouter.spool.segment import MAX_PAYLOAD
 from logrouter.spool.record import RecentBatches, decode_key, encode_batch
@@ -55,26 +59,6 @@ SPOOL_RETRY_SECS = (1.0, 30.0)  # first and longest pause after the spool's disk
 
 class UnstorableBatch(ValueError):
     """A batch the spool cannot hold (it cannot be encoded, or is too large): refused, never acked."""
-
-
-class SinkFeed:
-    """How far one sink has been handed the spool, and whether it takes live batches."""
-
-    def __init__(self, name: str, sink: Any) -> None:
-        self.name = name
-        self.sink = sink
-        self.targets = frozenset((name,))
-        self.delivered = 0
-        self.live = False
-        self.started = False  # the sink recovered its state: only then may it be fed or stopped
-        self.reading: defer.Deferred | None = None
-        self.epoch = 0  # bumped on rewind, so a read started before it is not applied
-        self.held_since: float | None = None  # its full queue holds the sources (Router._sink_full)
-        self.hold_call: Any = None
-        self.holds = 0
-        self.held_secs = 0.0
-        self.held_inflow = 0  # spool bytes routed to it from sources not reading, this hold
-        self.overflows = 0  # times its queue's bound sent it to read from the spool
 
 
 class Router:
@@ -98,6 +82,9 @@ class Router:
         self.filter_memory = FilterMemory(spool["path"])  # what dedupe filters remember, across restarts
         # Batches a sink behind has still to read, so that _catch_up need not decode them again.
         self.recent_batches = RecentBatches()
+        self.flow = Flow()
+        self.store_times = StoreTimes(reactor.seconds())
+        self.replay_progress = (0, 0)  # (bytes done, of) of the ids' replay at start, set by its thread
         self.sinks = {name: c.cls(name, c.options, self.errors, reactor) for name, c in config.sinks.items()}
         self.filters = {name: c.cls(name, c.options, self.errors) for name, c in config.filters.items()}
         self.source_context = SourceContext(
@@ -145,7 +132,7 @@ class Router:
         """Per batch source (a source's name, ``<component>.errors`` for dead letters, or a
         removed source whose stored batches a sink has still to pass), the nodes its
         batches are pushed to."""
-        built, self.errors.routed = routes.build(self.config, self.filters, self.sinks, self.errors)
+        built, self.errors.routed = routes.build(self.config, self.filters, self.sinks, self.errors, self.flow)
         return {**self.retired.routes(self.sinks, self.config), **built}
 
     # -- taking batches in --------------------------------------------------------------
@@ -187,6 +174,7 @@ class Router:
             self.dedupe.begin(dedupe_key)
         self.batches_in += 1
         self.events_in += len(batch.events)
+        self.flow.stored(batch.source, len(batch.events), len(payload))
         durability = self.durability.get(batch.source) or self.spool.durability
         d = self.spool.append(payload, durability)
         d.addCallback(self._remember, batch, len(payload))
@@ -252,6 +240,7 @@ class Router:
     def _route_live(self, written: tuple[int, int], batch: Batch, size: int, key: dedupe.Key | None) -> None:
         position, end = written
         self.routed_end = end
+        self.store_times.stored(position, self.reactor.seconds(), self.min_cursor)
         if self._spool_retry_delay and not self.spool_failing:
             self._spool_retry_delay = 0.0
             self.log.info("spool writes succeed again")
@@ -293,6 +282,8 @@ class Router:
     def _handed(self, feed: SinkFeed, end: int) -> None:
         feed.delivered = end
         feed.sink.advance(end)
+        if feed.sink.cursor > feed.committed_cursor:  # a sink that commits as it is handed records
+            feed.note_commit(self.reactor.seconds())
         if feed.live and feed.sink.queued_bytes > feed.sink.options["max_queue_bytes"]:
             self._sink_full(feed)
 
@@ -381,7 +372,9 @@ class Router:
         limit = self.routed_end
         if feed.delivered >= limit:
             feed.live = True
+            feed.caught_up()
             return
+        feed.watch_catch_up(self.reactor, lambda: None if self.stopping or self.feeds.get(feed.name) is not feed else self.routed_end)
         epoch = feed.epoch
         read = self.spool.read
         decode = self.recent_batches.decode
@@ -446,6 +439,7 @@ class Router:
         self.reactor.callLater(1.0, self._catch_up, feed)
 
     def _progress(self, feed: SinkFeed) -> None:
+        feed.note_commit(self.reactor.seconds())
         if feed.sink.failing and (feed.live or feed.reading is not None):
             # It dropped what it held; it asks to be fed from its cursor once it retries.
             feed.live = False
@@ -467,6 +461,7 @@ class Router:
         feed.epoch += 1
         feed.live = False
         self._release_hold(feed)
+        feed.stop_watching()  # it starts again from its cursor
         feed.delivered = feed.sink.cursor
         feed.sink.advance(feed.sink.cursor)
         self._catch_up(feed)
@@ -579,18 +574,14 @@ class Router:
         yield "logrouter_sources_pauses_total", "counter", {}, self.pauses
         paused = self.paused_secs + (self.reactor.seconds() - self._paused_at if self.paused else 0)
         yield "logrouter_sources_paused_seconds_total", "counter", {}, round(paused, 3)
+        yield from self.flow.samples(self.config)
 
     def feed_samples(self) -> Iterator[tuple[str, str, dict[str, str], float]]:
-        """Per sink: how far behind the spool's end its cursor is, and whether it is fed live."""
-        for name, feed in self.feeds.items():
-            labels = {"sink": name, "type": feed.sink.TYPE}
-            yield "logrouter_sink_lag_bytes", "gauge", labels, max(self.spool.end - feed.sink.cursor, 0)
-            yield "logrouter_sink_live", "gauge", labels, int(feed.live)
-            held = feed.held_secs + (self.reactor.seconds() - feed.held_since if feed.held_since is not None else 0)
-            yield "logrouter_sink_holding_sources", "gauge", labels, int(feed.held_since is not None)
-            yield "logrouter_sink_holds_total", "counter", labels, feed.holds
-            yield "logrouter_sink_held_seconds_total", "counter", labels, round(held, 3)
-            yield "logrouter_sink_overflows_total", "counter", labels, feed.overflows
+        """Per sink: how far behind the spool's end it is (bytes, seconds), whether it is fed
+        live, its holds, its last commit (``logrouter.feeds``)."""
+        now = self.reactor.seconds()
+        for feed in self.feeds.values():
+            yield from feed.samples(self.spool.end, now, self.store_times)
 
     # -- lifecycle ----------------------------------------------------------------------
 
@@ -604,7 +595,7 @@ class Router:
     def _start(self) -> Any:
         self.spool.open()
         self.routed_end = self.spool.end
-        yield threads.deferToThread(self._load_dedupe)
+        yield self._replay_ids()
         yield defer_to_thread(self.filter_memory.load)
         self.filter_memory.restore(self.filters)
         # The spool after what the restored memory covers is needed for the warm-up.
@@ -618,6 +609,7 @@ class Router:
                 break
             cursor = yield feed.sink.start()
             feed.started = True
+            feed.started_at(cursor)
             feed.delivered = max(cursor, self.spool.start)
             feed.sink.advance(feed.delivered)
             if cursor < self.spool.end:
@@ -756,6 +748,7 @@ class Router:
                 self.routes = self._build_routes()
                 continue
             feed.started = True
+            feed.started_at(cursor)
             feed.delivered = max(cursor, self.spool.start)
             feed.sink.advance(feed.delivered)
             self.feeds[feed.name] = feed
@@ -848,14 +841,26 @@ class Router:
             waiter, self._drain_waiter = self._drain_waiter, None
             waiter.callback(None)
 
+    def _replay_ids(self) -> defer.Deferred:
+        """``_load_dedupe`` in a thread, its progress logged (``logrouter.progress``)."""
+        replay = ProgressLog(self.reactor, "spool replay at start (ids of stored batches)", lambda: self.replay_progress)
+
+        def done(result: Any) -> Any:
+            replay.finish("done" if self._snapshot_loaded else "stopped")
+            return result
+
+        return threads.deferToThread(self._load_dedupe).addBoth(done)
+
     def _load_dedupe(self) -> None:
         """The id window as it was: the snapshot, then the ids of the records after it."""
         entries, position = dedupe.load_snapshot(self.dedupe_path)
         self.dedupe.add_all(entries)
         self._snapshot_position = position
-        position = max(position, self.spool.start)
-        while position < self.spool.end and not self.stop_requested:
-            records, next_position = self.spool.read(position, self.spool.end, READ_CHUNK_BYTES)
+        position = begin = max(position, self.spool.start)
+        end = self.spool.end
+        self.replay_progress = (0, end - begin)
+        while position < end and not self.stop_requested:
+            records, next_position = self.spool.read(position, end, READ_CHUNK_BYTES)
             for record in records:
                 try:
                     key = decode_key(record.payload)
@@ -866,7 +871,8 @@ class Router:
             if next_position <= position:
                 break  # cannot happen with a sane spool; never loop on it
             position = next_position
-        self._snapshot_loaded = position >= self.spool.end
+            self.replay_progress = (position - begin, end - begin)
+        self._snapshot_loaded = position >= end
 
     @defer.inlineCallbacks
     def stop(self) -> Any:
@@ -904,6 +910,8 @@ class Router:
         else:
             yield self._drain(0)
         self.stopping = True
+        for feed in self.feeds.values():
+            feed.stop_watching()
         reads = [feed.reading for feed in self.feeds.values() if feed.reading is not None]
         if reads:
             yield defer.DeferredList(reads, consumeErrors=True)

@@ -41,14 +41,16 @@ class FilterNode:
     output; a filter with named outputs (``route``) returns ``{output: batch}`` from
     ``process`` and each batch goes to the nodes of its output. A filter whose class sets
     ``TAKES_ROUTING`` is called ``process(batch, routing)``: the ``Routing`` tells it which
-    spool record the batch comes from, and which routing of it.
+    spool record the batch comes from, and which routing of it. ``counts`` is the
+    ``[events in, events out]`` pair it adds to (``logrouter.flow``).
     """
 
-    def __init__(self, name: str, component: Any, errors: LoggedErrors) -> None:
+    def __init__(self, name: str, component: Any, errors: LoggedErrors, counts: list[int] | None = None) -> None:
         self.name = name
         self.component = component
         self.takes_routing = bool(getattr(component, "TAKES_ROUTING", False))
         self.errors = errors
+        self.counts = [0, 0] if counts is None else counts
         self.children: dict[str | None, list[Any]] = {}
         self.reach: frozenset[str] = frozenset()
 
@@ -57,7 +59,9 @@ class FilterNode:
             return
         errors = self.errors
         errors.position = routing.position  # what the filter reports comes from this spool record
+        counts = self.counts
         try:
+            counts[0] += len(batch.events)
             out = self.component.process(batch, routing) if self.takes_routing else self.component.process(batch)
         except Exception as e:
             # A filter bug must not take the router down; its whole batch goes to the error path.
@@ -71,11 +75,13 @@ class FilterNode:
         if out.__class__ is dict:
             for output, part in out.items():
                 if part is not None and part.events:
+                    counts[1] += len(part.events)
                     for child in self.children.get(output, ()):
                         child.push(part, routing)
             return
         if not out.events:
             return
+        counts[1] += len(out.events)
         for child in self.children.get(None, ()):
             child.push(out, routing)
 
@@ -103,15 +109,20 @@ class SinkNode:
 
 
 def build(
-    config: Config, filters: dict[str, Any], sinks: dict[str, Any], errors: LoggedErrors
+    config: Config, filters: dict[str, Any], sinks: dict[str, Any], errors: LoggedErrors, flow: Any = None
 ) -> tuple[dict[str, list[Any]], set[str]]:
     """Per batch source of ``config``, the nodes its batches are pushed to; and the
     components whose dead letters some component takes (for ``RoutedErrors.routed``).
 
     ``filters`` and ``sinks`` are the objects by name; a component of the config that
-    has none is left out of the routes.
+    has none is left out of the routes. ``flow`` (a ``logrouter.flow.Flow``) keeps the
+    filter nodes' counts; without it they count for themselves only.
     """
-    nodes: dict[str, Any] = {name: FilterNode(name, f, errors) for name, f in filters.items() if name in config.filters}
+    nodes: dict[str, Any] = {
+        name: FilterNode(name, f, errors, flow.filter_counts(name) if flow is not None else None)
+        for name, f in filters.items()
+        if name in config.filters
+    }
     nodes.update({name: SinkNode(name, s, errors) for name, s in sinks.items() if name in config.sinks})
     for component in (*config.filters.values(), *config.sinks.values()):
         consumer = nodes.get(component.name)

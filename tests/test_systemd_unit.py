@@ -123,7 +123,7 @@ def test_the_configs_are_valid_as_shipped_and_with_the_socket(config, tmp_path):
     assert example in text
     socket_config = re.sub(r'^listen = "tcp:24224:interface=127\.0\.0\.1"\n', "", text, flags=re.M)
     socket_config = socket_config.replace(example, example[2:])
-    assert socket_config.count('listen = "systemd:') == 1 and 'listen = "tcp' not in socket_config
+    assert socket_config.count('listen = "systemd:') == 1 and 'listen = "tcp:24224' not in socket_config
     (tmp_path / "socket.toml").write_text(socket_config)
     result = run_check_config(tmp_path / "socket.toml")
     assert result.returncode == 0, result.stderr

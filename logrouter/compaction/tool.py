@@ -25,14 +25,7 @@ from logrouter.compaction.command import RESULT_PREFIX, job_command, job_env
 from logrouter.compaction.layout import Candidate, partition_from_key, plan_lake, worth_compacting
 from logrouter.compaction.options import COMPACTION_OPTIONS, lake_urls
 from logrouter.lake.fs import filesystem_for
-
-
-def human_bytes(count: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(count) < 1024 or unit == "TiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
-    return f"{count} B"  # not reached
+from logrouter.units import human_bytes
 
 
 def add_arguments(parser: Any) -> None:

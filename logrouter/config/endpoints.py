@@ -53,3 +53,33 @@ def listen_address(description: str) -> tuple[str, int, str] | None:
 
 def listen_option(default: Any, doc: str = "Twisted server endpoint string to listen on") -> Option:
     return Option(str, default, doc, check_server_endpoint, endpoint=True)
+
+
+def accept_any_systemd_sockets() -> None:
+    """Outside socket activation, check ``systemd:`` endpoints for their form only.
+
+    Twisted resolves ``systemd:domain=…:index=N`` (or ``name=…``) against the sockets
+    passed in ``LISTEN_FDS`` while parsing the endpoint, so without them every such
+    endpoint is "bad". ``check-config`` runs outside the service manager (systemd does
+    not pass the sockets to ``ExecStartPre=`` either), so it takes every index and name
+    as passed; the daemon itself still refuses one that is missing. The commands that
+    read a config to reach the running router (``reload``, ``top``) call it too.
+    """
+    from collections import defaultdict
+
+    parser = endpoints._SystemdParser
+    if parser._sddaemon.inheritedDescriptors():
+        return  # really socket-activated: check against what was passed
+
+    class AnyIndex:
+        def __getitem__(self, index: int) -> int:
+            return -1  # adopted only by listen(), which check-config never calls
+
+    class AnySocket:
+        def inheritedDescriptors(self) -> AnyIndex:
+            return AnyIndex()
+
+        def inheritedNamedDescriptors(self) -> dict[str, int]:
+            return defaultdict(lambda: -1)
+
+    parser._sddaemon = AnySocket()

@@ -83,6 +83,26 @@ def _kind_and_interface(listen: str) -> tuple[str | None, str]:
     return None, ""
 
 
+def endpoint_url(listen: str) -> str | None:
+    """``http://host:port`` (``https`` for ``ssl:``) where a client on this host reaches
+    ``metrics_listen`` (its interface, loopback for none or any); None when it is off,
+    not TCP, or on port 0 (any free port: only the router's log says which)."""
+    kind, interface = _kind_and_interface(listen) if listen else (None, "")
+    if kind is None:
+        return None
+    _, args, kwargs = endpoints._parseServer(listen, None)
+    try:
+        port = int(args[0] if args else kwargs.get("port", 0))
+    except (TypeError, ValueError):
+        return None
+    if port == 0:
+        return None
+    if interface in ("", "0.0.0.0", "::"):
+        interface = "::1" if kind == "TCP6" else "127.0.0.1"
+    scheme = "https" if kind == "SSL" else "http"
+    return f"{scheme}://{f'[{interface}]' if ':' in interface else interface}:{port}"
+
+
 def read_token_file(path: str) -> str:
     """The token in ``path`` (its first line); ``ValueError`` saying why there is none."""
     try:

@@ -4,7 +4,9 @@ Each worker renders its own page (``logrouter.metrics.render``); this module par
 pages and writes one with, for every metric, the sum over the workers under the labels
 the workers use: the page reads as one process's would, so dashboards and alerts built
 for one process keep working, and a PromQL ``sum()`` never counts a worker twice (a
-page holding both the sums and per-worker series would). Each worker's own page is
+page holding both the sums and per-worker series would). An age or a point in time
+(``LARGEST_OVER_PROCESSES``: a sink's lag in seconds, its last commit) is the largest
+over the workers instead of their sum. Each worker's own page is
 served apart (``/workers/<i>/metrics``). A worker that did not answer in time adds the
 counters of its last page (``stale``), so the sums never go backwards for a late
 scrape. Pure text work, no Twisted.
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from logrouter.metrics import Sample, render_samples
+from logrouter.metrics import LARGEST_OVER_PROCESSES, Sample, render_samples
 
 
 def parse(text: str) -> Iterator[tuple[str, str, str, float]]:
@@ -53,7 +55,11 @@ def merge(pages: dict[int, str], own: list[Sample] = (), stale: dict[int, str] |
             family = families.get(metric)
             if family is None:
                 family = families[metric] = (kind, {})
-            family[1][labels] = family[1].get(labels, 0.0) + value
+            sums = family[1]
+            if metric in LARGEST_OVER_PROCESSES:
+                sums[labels] = max(sums.get(labels, value), value)
+            else:
+                sums[labels] = sums.get(labels, 0.0) + value
     lines: list[str] = []
     for metric, (kind, sums) in families.items():
         lines.append(f"# TYPE {metric} {kind}")
