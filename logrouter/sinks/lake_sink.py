@@ -5,8 +5,9 @@ strategy, ``_extra``, ``flatten``, rolling by size and age) in one worker thread
 report dead letters the same way: records whose tag cannot name a partition go to the
 error path, records whose spool bytes cannot be decoded are logged and skipped. This base
 owns the options they share, the samples, and one worker run over the queued items
-(``_run``); each sink supplies its commit protocol through three methods:
+(``_run``); each sink supplies its commit protocol through four methods:
 
+* ``_recover()``: at start, in a thread: finish or undo the last commit; the cursor;
 * ``_reset_work()``: after a failure, before the spool is replayed from ``_saved_cursor``;
 * ``_rows(batch, position, events, now, refused)``: one record's events into the writer;
 * ``_finish_run(now, processed_end, stop)``: seal and commit what is due, move the cursor.
@@ -17,12 +18,15 @@ from __future__ import annotations
 import socket
 from typing import Any, Iterator
 
+from twisted.internet import defer
+
 from logrouter.batch import Batch
 from logrouter.config.options import Option, positive
 from logrouter.lake.flatten import flatten_events
 from logrouter.lake.partition import PartitionError
 from logrouter.lake.schema import TYPE_NAMES, ColumnTypes
 from logrouter.lake.writer import LakeWriter
+from logrouter.serial import defer_to_thread
 from logrouter.sinks.worker_sink import RESET, ROWS, STOP, WorkerSink
 
 CURSOR_SAVE_SECS = 1.0  # a cursor-only commit (nothing sealed) at most this often
@@ -80,8 +84,9 @@ class LakeSink(WorkerSink):
 
     WRITER_OPTION = "writer_id"
     default_writer = staticmethod(default_writer_id)
-    writer: LakeWriter
+    writer: LakeWriter | None  # None until ``_recover`` made it (the iceberg sink's needs its table)
     _saved_cursor: int
+    ticker: Any
 
     def new_writer(self, root: str, fs: Any, layout: Any = None, column_types: ColumnTypes | None = None) -> LakeWriter:
         return LakeWriter(
@@ -100,8 +105,19 @@ class LakeSink(WorkerSink):
         """SinkBase's samples, plus the files open and the rows they buffer."""
         yield from super().samples()
         labels = self.labels()
-        yield "logrouter_sink_open_files", "gauge", labels, self.writer.open_files
-        yield "logrouter_sink_buffered_rows", "gauge", labels, self.writer.buffered_rows
+        writer = self.writer
+        yield "logrouter_sink_open_files", "gauge", labels, writer.open_files if writer is not None else 0
+        yield "logrouter_sink_buffered_rows", "gauge", labels, writer.buffered_rows if writer is not None else 0
+
+    def start(self) -> defer.Deferred:
+        d = defer_to_thread(self._recover)
+
+        def started(cursor: int) -> int:
+            self.cursor = self.fed_end = cursor
+            self.ticker.start(min(1.0, float(self.options["roll_secs"]) / 4), now=False)
+            return cursor
+
+        return d.addCallback(started)
 
     def write(self, batch: Batch, position: int, size: int) -> None:
         self.queued_bytes += size
@@ -119,7 +135,8 @@ class LakeSink(WorkerSink):
         try:
             return self._run(items)
         except BaseException:
-            self.writer.abort()
+            if self.writer is not None:
+                self.writer.abort()
             raise
 
     def _run(self, items: list[tuple[tuple, float, int, int]]) -> tuple[int, int, list, list]:
@@ -160,6 +177,9 @@ class LakeSink(WorkerSink):
             self.writer.write(tag, events, now, position, published)
         except PartitionError as e:
             refused.append((tag, f"tag cannot name a partition: {e}", events))
+
+    def _recover(self) -> int:
+        raise NotImplementedError
 
     def _reset_work(self) -> None:
         raise NotImplementedError

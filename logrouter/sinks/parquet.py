@@ -20,14 +20,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.internet import defer, task
+from twisted.internet import task
 
 from logrouter import registry
 from logrouter.batch import Batch
 from logrouter.config.options import Option
 from logrouter.lake.fs import check_lake_url, filesystem_for
 from logrouter.lake.writer import LakeWriter, SealedFile
-from logrouter.serial import SerialWorker, defer_to_thread
+from logrouter.serial import SerialWorker
 from logrouter.sinks.base import SINK_OPTIONS
 from logrouter.sinks.lake_sink import CURSOR_SAVE_SECS, LakeSink, file_options
 
@@ -77,17 +77,7 @@ class ParquetSink(LakeSink):
         fs, self.root = filesystem_for(self.options["path"])
         return self.new_writer(self.root, fs)
 
-    # -- lifecycle (reactor thread) ----------------------------------------------------
-
-    def start(self) -> defer.Deferred:
-        d = defer_to_thread(self._recover)
-
-        def started(cursor: int) -> int:
-            self.cursor = self.fed_end = cursor
-            self.ticker.start(min(1.0, float(self.options["roll_secs"]) / 4), now=False)
-            return cursor
-
-        return d.addCallback(started)
+    # -- recovery (in a thread, at start) ----------------------------------------------
 
     def _recover(self) -> int:
         """Finish the last commit, drop uncommitted staging files; the cursor to resume from."""
