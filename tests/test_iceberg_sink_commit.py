@@ -17,7 +17,7 @@ pytest.importorskip("pyiceberg")
 from logrouter.batch import Batch  # noqa: E402
 from logrouter.lake import iceberg_commit  # noqa: E402
 from logrouter.lake.iceberg_catalog import open_catalog  # noqa: E402
-from logrouter.sinks.iceberg import IcebergSink  # noqa: E402
+from logrouter.sinks.iceberg import ADVANCED, IcebergSink  # noqa: E402
 from logrouter.sinks.state import SinkState  # noqa: E402
 from logrouter.sinks.worker_sink import RESET, ROWS, STOP, TICK  # noqa: E402
 
@@ -56,10 +56,15 @@ def make_sink(tmp_path, writer="w1", spool="spool", dead=None, **options) -> Ice
     return sink
 
 
-def record(position: int, ids: range, hour: int = 0, tag: str = "t", **fields) -> tuple:
-    """What the router hands the sink for one spool record (100 bytes long)."""
+def record(position: int, ids: range, hour: int = 0, tag: str = "t", **fields) -> list[tuple]:
+    """What the router hands the sink for one spool record (100 bytes long): its rows, queued
+    while the spool was handed over up to the record's start, then the record's end."""
+    return [rows(position, ids, hour, tag, **fields), ((ADVANCED,), 0.0, position + 100, 0)]
+
+
+def rows(position: int, ids: range, hour: int = 0, tag: str = "t", **fields) -> tuple:
     events = [(T0 + hour * HOUR + i, {"id": i, **fields}) for i in ids]
-    return ((ROWS, Batch(tag, events), position, 100), 0.0, position + 100, 0)
+    return ((ROWS, Batch(tag, events), position, 100), 0.0, position, 0)
 
 
 def tick(now: float, fed_end: int) -> tuple:
@@ -87,7 +92,7 @@ def data_files_on_disk(tmp_path) -> set[str]:
 def test_a_roll_commits_every_open_file_with_the_spool_range_in_the_summary(tmp_path):
     sink = make_sink(tmp_path)
     assert sink._recover() == 0
-    sink._run([record(0, range(0, 10)), record(100, range(10, 20), hour=30, tag="u"), tick(5.0, 200)])
+    sink._run([*record(0, range(0, 10)), *record(100, range(10, 20), hour=30, tag="u"), tick(5.0, 200)])
     assert table(tmp_path).current_snapshot() is None  # nothing due yet: nothing committed, cursor stays
     assert sink._saved_cursor == 0
     assert sink._run([tick(16.0, 200)])[1] == 200  # opened at 5.0, due at 15.0
@@ -108,14 +113,14 @@ def test_a_roll_commits_every_open_file_with_the_spool_range_in_the_summary(tmp_
 def test_a_new_field_adds_an_optional_column_and_the_tables_type_wins_a_conflict(tmp_path):
     sink = make_sink(tmp_path, flatten=True)
     sink._recover()
-    sink._run([record(0, range(0, 5), host={"name": "a"}), stop(1.0, 100)])
+    sink._run([*record(0, range(0, 5), host={"name": "a"}), stop(1.0, 100)])
     # Another writer gives "status" a column first, as a string.
     other = make_sink(tmp_path, writer="w2", spool="spool2")
     other._recover()
-    other._run([record(0, range(100, 102), status="ok"), stop(1.0, 100)])
+    other._run([*record(0, range(100, 102), status="ok"), stop(1.0, 100)])
     again = make_sink(tmp_path, flatten=True)
     again._recover()
-    again._run([record(100, range(5, 8), status=500, size=3), stop(2.0, 200)])
+    again._run([*record(100, range(5, 8), status=500, size=3), stop(2.0, 200)])
     t = table(tmp_path)
     fields = {f.name: (str(f.field_type), f.required) for f in t.schema().fields}
     assert fields["host.name"] == ("string", False) and fields["size"] == ("long", False)
@@ -127,10 +132,24 @@ def test_a_new_field_adds_an_optional_column_and_the_tables_type_wins_a_conflict
     assert rows[100]["status"] == "ok"
 
 
+def test_a_commit_covers_whole_records_only(tmp_path):
+    sink = make_sink(tmp_path)
+    sink._recover()
+    sink._run([*record(0, range(0, 10))])  # files opened at 0.0, due at 10.0
+    # Record 100's first batch went into the files in this run; its end is not handed over yet
+    # (its next batch, or the router's advance, comes in the next run): no commit now.
+    sink._run([rows(100, range(10, 15)), tick(11.0, 100)])
+    assert table(tmp_path).current_snapshot() is None
+    sink._run([rows(100, range(15, 20)), ((ADVANCED,), 12.0, 200, 0)])
+    assert table(tmp_path).current_snapshot().summary["logrouter.spool-end"] == "200"
+    assert make_sink(tmp_path)._recover() == 200
+    assert table_ids(tmp_path) == list(range(20))
+
+
 def test_crash_before_the_commit_deletes_its_files_and_replays(tmp_path, monkeypatch):
     sink = make_sink(tmp_path)
     sink._recover()
-    sink._run([record(0, range(0, 10))])
+    sink._run([*record(0, range(0, 10))])
 
     def crash(*args, **kwargs):
         raise Crash()
@@ -145,7 +164,7 @@ def test_crash_before_the_commit_deletes_its_files_and_replays(tmp_path, monkeyp
     assert again._recover() == 0  # the table has nothing of ours: replay everything
     assert not data_files_on_disk(tmp_path)
     assert not list((tmp_path / "warehouse" / "logs" / "events" / "_staging").rglob("*.parquet"))
-    again._run([record(0, range(0, 10)), stop(1.0, 100)])
+    again._run([*record(0, range(0, 10)), stop(1.0, 100)])
     assert table_ids(tmp_path) == list(range(10))
 
 
@@ -153,9 +172,9 @@ def test_crash_before_the_commit_deletes_its_files_and_replays(tmp_path, monkeyp
 def test_a_commit_that_landed_is_found_in_the_table_and_not_written_again(tmp_path, monkeypatch, when):
     sink = make_sink(tmp_path)
     sink._recover()
-    sink._run([record(0, range(0, 10)), record(100, range(10, 20))])  # files opened at 0.0
+    sink._run([*record(0, range(0, 10)), *record(100, range(10, 20))])  # files opened at 0.0
     sink._run([tick(11.0, 200)])
-    sink._run([record(200, range(20, 30))])
+    sink._run([*record(200, range(20, 30))])
     if when == "answer lost":
         real = iceberg_commit.append
 
@@ -182,7 +201,7 @@ def test_a_commit_that_landed_is_found_in_the_table_and_not_written_again(tmp_pa
     assert again._recover() == 300  # the table's history says the commit landed
     assert len(data_files_on_disk(tmp_path)) == 2  # and its files are kept
     # The router replays from wherever it likes: records the table has are skipped.
-    again._run([record(200, range(20, 30)), record(300, range(30, 35)), stop(30.0, 400)])
+    again._run([*record(200, range(20, 30)), *record(300, range(30, 35)), stop(30.0, 400)])
     assert table_ids(tmp_path) == list(range(35))
 
 
@@ -196,7 +215,7 @@ def test_after_a_failure_the_reset_reads_the_table_before_the_replay(tmp_path, m
         raise OSError("the catalog's answer was lost")
 
     monkeypatch.setattr(iceberg_commit, "append", lost)
-    sink._run([record(0, range(0, 10))])
+    sink._run([*record(0, range(0, 10))])
     with pytest.raises(OSError):
         sink._run([tick(11.0, 100)])
     monkeypatch.undo()
@@ -204,7 +223,7 @@ def test_after_a_failure_the_reset_reads_the_table_before_the_replay(tmp_path, m
     freed, cursor, _, _ = sink._run([((RESET,), 12.0, 0, sink.epoch)])
     assert cursor == 100 and sink.reset_problem() == ""
     # The router rewinds to the cursor it knew (0) and replays: nothing lands twice.
-    sink._run([((ROWS, Batch("t", [(T0 + i, {"id": i}) for i in range(10)]), 0, 100), 13.0, 100, sink.epoch),
+    sink._run([((ROWS, Batch("t", [(T0 + i, {"id": i}) for i in range(10)]), 0, 100), 13.0, 0, sink.epoch),
                ((STOP,), 14.0, 100, sink.epoch)])
     assert table_ids(tmp_path) == list(range(10))
 
@@ -226,8 +245,8 @@ def test_the_lookup_walks_past_other_writers_and_rewrites_to_this_writers_last_a
     one, two = make_sink(tmp_path, writer="w1"), make_sink(tmp_path, writer="w2", spool="spool2")
     one._recover()
     two._recover()
-    one._run([record(0, range(0, 5)), stop(1.0, 100)])
-    two._run([record(0, range(100, 105)), stop(1.0, 300)])
+    one._run([*record(0, range(0, 5)), stop(1.0, 100)])
+    two._run([*record(0, range(100, 105)), stop(1.0, 300)])
     t = table(tmp_path)
     t.overwrite(t.scan().to_arrow())  # a rewrite of every file, like compaction's: no logrouter keys
     assert t.current_snapshot().summary["logrouter.writer"] is None
@@ -258,7 +277,7 @@ def test_a_conflict_beyond_pyicebergs_retries_is_retried_and_lands_once(tmp_path
 
     monkeypatch.setattr(type(sink.table), "transaction", refusing)
     monkeypatch.setattr(iceberg_commit.time, "sleep", lambda s: None)
-    sink._run([record(0, range(0, 10)), stop(11.0, 100)])
+    sink._run([*record(0, range(0, 10)), stop(11.0, 100)])
     monkeypatch.undo()
     assert sink.commit_conflicts == 2 and sink.commits == 1
     assert table_ids(tmp_path) == list(range(10))
@@ -268,7 +287,7 @@ def test_a_tag_that_cannot_name_a_partition_is_a_dead_letter(tmp_path):
     dead: list = []
     sink = make_sink(tmp_path, dead=dead)
     sink._recover()
-    _, _, refused, _ = sink._run([record(0, range(0, 3), tag="x" * 300), record(100, range(3, 5)), stop(1.0, 200)])
+    _, _, refused, _ = sink._run([*record(0, range(0, 3), tag="x" * 300), *record(100, range(3, 5)), stop(1.0, 200)])
     sink._report_refused(refused)
     assert len(dead) == 3 and "partition" in dead[0][3]
     assert table_ids(tmp_path) == [3, 4]

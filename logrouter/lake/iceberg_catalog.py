@@ -117,6 +117,8 @@ def catalog_properties(warehouse: str, uri: str = "", extra: Mapping[str, str] |
     """Every pyiceberg property of the catalog: ``extra`` first, then the ones with keys of their own."""
     return {
         "type": CATALOG_TYPE,
+        # A pooled connection the database dropped (a restart, a cut) is replaced, not failed on.
+        "pool_pre_ping": "true",
         **dict(extra or {}),
         "uri": uri or default_uri(warehouse),
         "warehouse": warehouse_url(warehouse),

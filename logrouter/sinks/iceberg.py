@@ -57,6 +57,10 @@ from logrouter.serial import SerialWorker
 from logrouter.sinks.base import SINK_OPTIONS
 from logrouter.sinks.lake_sink import CURSOR_SAVE_SECS, LakeSink, file_options
 
+# Queued when the router has handed over the last batch of a record with rows for this
+# sink: a commit covers whole records only (a record's batches may span two runs).
+ADVANCED = "advanced"
+
 
 def _check_partition_by(value: list) -> None:
     list_of(str)(value)
@@ -105,6 +109,8 @@ class IcebergSink(LakeSink):
         self.writer = None
         self.spool_id = ""  # this spool's lifetime, in every commit's summary (iceberg_commit)
         self.skip_below = 0  # records before this spool position are in the table already
+        self.last_written = -1  # worker thread: the position of the last record with rows in the open files
+        self._record_open = False  # reactor thread: batches of a record handed over, its end not yet
         self.worker = SerialWorker(reactor, self._work, f"logrouter-iceberg-{name}", on_result=self._done, on_failure=self._failed)
         self.ticker = task.LoopingCall(self._tick)
         self.ticker.clock = reactor
@@ -157,7 +163,15 @@ class IcebergSink(LakeSink):
                           count=len(pending.get("files", [])))
         self.writer.abort()
         self.writer.discard_staging()
-        cursor = max(int(state.get("cursor", 0)), table_end or 0)
+        self.last_written = -1
+        saved = int(state.get("cursor", 0))
+        cursor = max(saved, table_end or 0)
+        if cursor > saved:
+            self.log.info(
+                "iceberg sink {name}: the table holds this writer's commits up to spool position {end}, past the saved cursor "
+                "{saved} (a commit whose answer was lost, or a stop before the cursor was saved): resuming there",
+                name=self.name, end=cursor, saved=saved,
+            )
         self._saved_cursor = self.skip_below = cursor
         self._save_state(cursor)
         return cursor
@@ -194,6 +208,16 @@ class IcebergSink(LakeSink):
         if self.state is not None:
             self.state.save({"cursor": cursor, "spool_id": self.spool_id, "writer_id": self.writer_id, "pending": pending})
 
+    def write(self, batch: Batch, position: int, size: int) -> None:
+        self._record_open = True
+        super().write(batch, position, size)
+
+    def advance(self, end: int) -> None:
+        super().advance(end)
+        if self._record_open:
+            self._record_open = False
+            self._submit((ADVANCED,))  # carries ``end``: the record's rows may now be committed
+
     # -- worker thread -----------------------------------------------------------------
 
     def _reset_work(self) -> None:
@@ -207,11 +231,13 @@ class IcebergSink(LakeSink):
     def _rows(self, batch: Batch, position: int, events: list, now: float, refused: list) -> None:
         if position >= self.skip_below:
             self.write_rows(batch.tag, events, now, position, refused)
+            self.last_written = position
 
     def _finish_run(self, now: float, processed_end: int, stop: bool) -> None:
         assert self.writer is not None
         due = self.writer.next_due()
-        if due is not None and (stop or due <= now):
+        # Only whole records: the last one written must be handed over to its end.
+        if due is not None and (stop or due <= now) and self.last_written < processed_end:
             sealed = self.writer.seal_all()
             if sealed:
                 self._commit(sealed, processed_end, now)
