@@ -25,7 +25,8 @@ import pytest
 
 pytest.importorskip("pyiceberg")
 
-from chunk_client import EVENTS_PER_CHUNK, T0, Client, expected_ids  # noqa: E402
+from chunk_client import T0, Client, expected_ids  # noqa: E402
+from crash_cycles import finish, run_cycles  # noqa: E402
 from daemon import REPO, Daemon  # noqa: E402
 from logrouter.lake.iceberg_catalog import open_catalog  # noqa: E402
 from logrouter.wire.fluent_forward import encode_packed_forward  # noqa: E402
@@ -77,16 +78,6 @@ def check_exactly_once(tmp_path, acked) -> None:
     assert not list((tmp_path / "lake" / "logs" / "events" / "_staging").rglob("*.parquet"))
 
 
-def finish(tmp_path, client: Client) -> Daemon:
-    """A last run without faults: everything unacked is resent, then a graceful stop commits the rest."""
-    with Daemon(tmp_path, config()) as daemon:
-        daemon.start()
-        client.run(daemon.port("forward"), len(client.unacked) + 5, time.monotonic() + 120)
-        assert not client.unacked
-        daemon.stop_gracefully()
-    return daemon
-
-
 @pytest.mark.parametrize("fault", ["iceberg.before-commit=kill@3", "iceberg.after-commit=kill@3", "iceberg.after-commit=raise@3"])
 def test_a_crash_or_a_lost_answer_at_a_commit_step_loses_and_doubles_nothing(tmp_path, fault):
     client = Client()
@@ -107,7 +98,7 @@ def test_a_crash_or_a_lost_answer_at_a_commit_step_loses_and_doubles_nothing(tmp
             stop.set()
             sender.join(60)
             daemon.stop_gracefully()
-    restarted = finish(tmp_path, client)
+    restarted = finish(tmp_path, config(), client)
     if fault.startswith("iceberg.before-commit"):
         assert "is not in the table; deleted its" in restarted.output, restarted.output
     if fault == "iceberg.after-commit=kill@3":
@@ -121,35 +112,8 @@ CYCLE_ENDINGS = ("load", "start_kill", "load", "stop_kill", "load")
 def test_kill_9_at_random_moments_under_load_loses_and_doubles_nothing(tmp_path):
     rng = random.Random(int(os.environ.get("LOGROUTER_CRASH_SEED", "20261127")))
     client = Client()
-    for ending in CYCLE_ENDINGS:
-        with Daemon(tmp_path, config()) as daemon:
-            if ending == "start_kill":
-                daemon.start(wait_for="")
-                threading.Event().wait(rng.uniform(0.5, 3.0))  # somewhere in start-up: the table read, the replay
-                daemon.process.send_signal(signal.SIGKILL)
-                assert daemon.process.wait(60) in (0, -signal.SIGKILL), daemon.output
-                continue
-            daemon.start()
-            port = daemon.port("forward")
-            client.acked_this_cycle = 0
-            target, delay = rng.randint(5, 40), rng.uniform(0, 0.3)
-
-            def killer() -> None:
-                with client.progress:
-                    client.progress.wait_for(lambda: client.acked_this_cycle >= target, timeout=60)
-                threading.Event().wait(delay)
-                if ending == "stop_kill":
-                    daemon.process.send_signal(signal.SIGTERM)
-                    daemon.wait_for(r"logrouter stopping", timeout=30)
-                    threading.Event().wait(rng.uniform(0, 0.3))
-                daemon.process.send_signal(signal.SIGKILL)
-
-            thread = threading.Thread(target=killer)
-            thread.start()
-            client.run(port, 400, time.monotonic() + 120)
-            thread.join(90)
-            assert daemon.process.wait(30) in (-signal.SIGKILL, -signal.SIGTERM)
-    finish(tmp_path, client)
+    run_cycles(tmp_path, config(), CYCLE_ENDINGS, client, rng, delay=0.3)
+    finish(tmp_path, config(), client)
     print(f"{len(client.acked)} chunks acked, {client.resent} resent after a kill")
     check_exactly_once(tmp_path, client.acked)
 

@@ -29,7 +29,7 @@ from typing import Any, Sequence
 import pyarrow as pa
 
 from logrouter.config.options import Problems
-from logrouter.lake.extra import fix_text
+from logrouter.lake.extra import valid_text
 from logrouter.lake.partition import HOUR_NS
 from logrouter.lake.schema import BINARY, BOOL, EXTRA, FLOAT64, INT64, STRING, TIME, TIME_TYPE, ColumnTypes
 from logrouter.lake.writer import FileShape, SealedFile
@@ -198,14 +198,6 @@ def check_writable(table: Any) -> None:
 # -- the writer's layout -----------------------------------------------------------------
 
 
-def _text(value: str) -> str:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return fix_text(value)
-    return value
-
-
 class IcebergLayout:
     """Where the lake writer's files go in the table, and the table's schema they are written in.
 
@@ -256,7 +248,7 @@ class IcebergLayout:
             values = []
             for field in self.spec.fields:
                 source = schema.find_field(field.source_id)
-                value = micros if source.name == TIME else _text(tag)
+                value = micros if source.name == TIME else valid_text(tag)
                 values.append(field.transform.transform(source.field_type)(value))
             record = Record(*values)
             if len(self._partitions) > 10_000:
@@ -282,7 +274,7 @@ class IcebergLayout:
         rows.append(pa.field(EXTRA, STRING))
         written += [self._field(EXTRA, STRING), self._field(TAG, STRING)]
         written_schema = pa.schema(written)
-        value = pa.scalar(_text(tag), STRING)
+        value = pa.scalar(valid_text(tag), STRING)
 
         def finish(table: pa.Table) -> pa.Table:
             return pa.Table.from_arrays([*table.columns, pa.repeat(value, table.num_rows)], schema=written_schema)

@@ -74,7 +74,7 @@ class IcebergSink(LakeSink):
         "files_committed": "Parquet data files committed into the table",
         "rows_committed": "rows in the files committed",
         "commit_conflicts": "appends another writer's commit beat even after pyiceberg's retries; retried here",
-        "schema_updates": "columns added to the table (schema evolution by name)",
+        "schema_updates": "schema updates adding columns to the table (schema evolution by name)",
     }
     OPTIONS = {
         "warehouse": Option(str, doc="where the catalog puts new tables: a directory, `file://` or `hdfs://namenode:8020/warehouse`",
