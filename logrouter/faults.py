@@ -34,6 +34,11 @@ def _parse(text: str) -> dict[str, list]:
 _FAULTS = _parse(os.environ.get(ENV, ""))
 
 
+def armed(point: str) -> bool:
+    """Whether ``LOGROUTER_FAULTS`` names ``point`` (for hooks that cost something to set up)."""
+    return point in _FAULTS
+
+
 def hit(point: str) -> None:
     """Reaching ``point``: die or raise here if ``LOGROUTER_FAULTS`` says so."""
     fault = _FAULTS.get(point)

@@ -4,8 +4,9 @@ a schema that grows mid-stream; the table read back with pyiceberg each time.
 A client streams forward chunks with ``chunk`` ids and resends what was not acked after a
 reconnect (``chunk_client``); at the end the table must hold every acked event exactly
 once. ``LOGROUTER_FAULTS`` (``logrouter.faults``) stops the daemon between two steps of a
-commit: after the data files are in place but before the append, and after the append
-landed but before the cursor was saved; or it makes the append's answer get lost.
+commit: after the data files are in place but before the append, in the catalog database's
+transaction (new table metadata written, the commit not yet), and after the append landed
+but before the cursor was saved; or it makes the append's answer get lost.
 
 Bounds: every client run is bounded in chunks and time, every wait has a timeout; loopback.
 """
@@ -78,15 +79,16 @@ def check_exactly_once(tmp_path, acked) -> None:
     assert not list((tmp_path / "lake" / "logs" / "events" / "_staging").rglob("*.parquet"))
 
 
-@pytest.mark.parametrize("fault", ["iceberg.before-commit=kill@3", "iceberg.after-commit=kill@3", "iceberg.after-commit=raise@3"])
+@pytest.mark.parametrize("fault", ["iceberg.before-commit=kill@3", "iceberg.catalog-commit=kill@6", "iceberg.after-commit=kill@3",
+                                   "iceberg.after-commit=raise@3"])
 def test_a_crash_or_a_lost_answer_at_a_commit_step_loses_and_doubles_nothing(tmp_path, fault):
     client = Client()
     env = dict(os.environ, PYTHONPATH=str(REPO), LOGROUTER_FAULTS=fault)
     with Daemon(tmp_path, config(), env=env) as daemon:
         daemon.start()
         port = daemon.port("forward")
-        if fault.endswith("kill@3"):
-            client.run(port, 5000, time.monotonic() + 120)  # until the daemon dies at its third commit
+        if "=kill@" in fault:
+            client.run(port, 5000, time.monotonic() + 120)  # until the daemon dies at that step
             assert daemon.process.wait(60) == -signal.SIGKILL, daemon.output
         else:
             stop = threading.Event()
@@ -99,7 +101,7 @@ def test_a_crash_or_a_lost_answer_at_a_commit_step_loses_and_doubles_nothing(tmp
             sender.join(60)
             daemon.stop_gracefully()
     restarted = finish(tmp_path, config(), client)
-    if fault.startswith("iceberg.before-commit"):
+    if fault.startswith(("iceberg.before-commit", "iceberg.catalog-commit")):  # the commit did not land
         assert "is not in the table; deleted its" in restarted.output, restarted.output
     if fault == "iceberg.after-commit=kill@3":
         assert "the table holds this writer's commits up to spool position" in restarted.output, restarted.output

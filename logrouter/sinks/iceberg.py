@@ -61,6 +61,8 @@ from logrouter.sinks.lake_sink import CURSOR_SAVE_SECS, LakeSink, file_options
 # sink: a commit covers whole records only (a record's batches may span two runs).
 ADVANCED = "advanced"
 
+CATALOG_COMMIT = "iceberg.catalog-commit"  # a fault point (tests): the catalog's database transaction commits
+
 
 def _check_partition_by(value: list) -> None:
     list_of(str)(value)
@@ -180,6 +182,11 @@ class IcebergSink(LakeSink):
         if self.catalog is None:
             self.catalog = open_catalog(self.options["catalog"], self.properties)
             self.table = None
+            if faults.armed(CATALOG_COMMIT) and hasattr(self.catalog, "engine"):
+                from sqlalchemy import event  # noqa: PLC0415 - tests only
+
+                # Fires before the database transaction commits: a kill here is a commit in flight.
+                event.listen(self.catalog.engine, "commit", lambda connection: faults.hit(CATALOG_COMMIT))
         if self.table is None:
             self.table, created = load_or_create(self.catalog, self.identifier, ColumnTypes(self.options["columns"]),
                                                  self.options["partition_by"], self.options["compression"])
