@@ -76,4 +76,4 @@ def test_the_manuals_option_table_is_the_specs():
 
     text = (Path(__file__).resolve().parent.parent / "docs" / "iceberg.md").read_text(encoding="utf-8")
     block = text.split("<!-- options:sinks.iceberg -->\n", 1)[1].split(docs.END_MARKER, 1)[0]
-    assert block == docs.table(docs.sections()["sinks.iceberg"]), f"regenerate with: python -m logrouter.config.docs sinks.iceberg"
+    assert block == docs.table(docs.sections()["sinks.iceberg"]), "regenerate with: python -m logrouter.config.docs sinks.iceberg"
