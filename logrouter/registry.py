@@ -34,6 +34,7 @@ BUILTIN_MODULES = (
     "logrouter.filters.dedupe",
     "logrouter.filters.route",
     "logrouter.sinks.parquet",
+    "logrouter.sinks.iceberg",
     "logrouter.sinks.fluent_forward",
     "logrouter.sinks.lumberjack",
     "logrouter.sinks.logjam",

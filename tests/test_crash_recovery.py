@@ -19,12 +19,11 @@ import os
 import random
 import signal
 import socket
-import threading
-import time
 
 import pytest
 
 from chunk_client import EVENTS_PER_CHUNK, Client, chunk_message
+from crash_cycles import finish, run_cycles
 from daemon import Daemon
 from helpers import lake_column, recv_exactly
 from logrouter.wire.fluent_forward import encode_ack
@@ -59,47 +58,9 @@ CYCLE_ENDINGS = ("load", "start_kill", "load", "start_term", "stop_kill", "load"
 def test_kill_9_at_random_moments_loses_and_doubles_nothing(tmp_path):
     rng = random.Random(int(os.environ.get("LOGROUTER_CRASH_SEED", "20261122")))
     client = Client()
-    kills = 0
-    for ending in CYCLE_ENDINGS:
-        with Daemon(tmp_path, CONFIG) as daemon:
-            if ending.startswith("start_"):
-                daemon.start(wait_for="")
-                threading.Event().wait(rng.uniform(0.2, 2.0))
-                daemon.process.send_signal(signal.SIGKILL if ending == "start_kill" else signal.SIGTERM)
-                assert daemon.process.wait(60) in (0, -signal.SIGKILL, -signal.SIGTERM), daemon.output
-                assert "Traceback" not in daemon.output, daemon.output
-                kills += 1
-                continue
-            daemon.start()
-            port = daemon.port("forward")
-            client.acked_this_cycle = 0
-            target = rng.randint(3, 40)
-            delay = rng.uniform(0, 0.15)
-
-            def killer() -> None:
-                with client.progress:
-                    client.progress.wait_for(lambda: client.acked_this_cycle >= target, timeout=60)
-                threading.Event().wait(delay)  # a random moment after the target was reached
-                if ending == "stop_kill":
-                    daemon.process.send_signal(signal.SIGTERM)
-                    daemon.wait_for(r"logrouter stopping", timeout=30)
-                    threading.Event().wait(rng.uniform(0, 0.3))
-                daemon.process.send_signal(signal.SIGKILL)
-
-            thread = threading.Thread(target=killer)
-            thread.start()
-            client.run(port, MAX_CHUNKS_PER_CYCLE, time.monotonic() + 120)
-            thread.join(90)
-            assert daemon.process.wait(30) in (-signal.SIGKILL, -signal.SIGTERM)
-            kills += 1
-
-    # Last run: everything unacked is resent, then a graceful stop commits the rest.
-    with Daemon(tmp_path, CONFIG) as daemon:
-        daemon.start()
-        client.run(daemon.port("forward"), len(client.unacked) + 5, time.monotonic() + 120)
-        assert not client.unacked
-        daemon.stop_gracefully()
-        assert "resuming from spool position" in daemon.output or kills == 0
+    kills = run_cycles(tmp_path, CONFIG, CYCLE_ENDINGS, client, rng, MAX_CHUNKS_PER_CYCLE)
+    last = finish(tmp_path, CONFIG, client)
+    assert "resuming from spool position" in last.output or kills == 0
 
     assert kills == len(CYCLE_ENDINGS)
     print(f"{kills} kills, {len(client.acked)} chunks acked ({len(client.acked) * EVENTS_PER_CHUNK} events), "

@@ -70,7 +70,8 @@ def fix_text(text: str) -> str:
         return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _text(value: str) -> str:
+def valid_text(value: str) -> str:
+    """``value``, or ``fix_text(value)`` if it is not valid Unicode (the cheap check first)."""
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
@@ -80,17 +81,17 @@ def _text(value: str) -> str:
 
 def _key(key: Any) -> str:
     if type(key) is str:
-        return _text(key)
+        return valid_text(key)
     if isinstance(key, (bytes, bytearray)):
         return fix_text(bytes(key).decode("utf-8", "surrogateescape"))
-    return _text(str(key))
+    return valid_text(str(key))
 
 
 def jsonable(value: Any, depth: int = 0) -> Any:
     """``value`` rebuilt from types that ``json`` encodes to valid UTF-8 JSON."""
     kind = type(value)
     if kind is str:
-        return _text(value)
+        return valid_text(value)
     if value is None or kind is bool or kind is int:
         return value
     if kind is float:
@@ -109,7 +110,7 @@ def jsonable(value: Any, depth: int = 0) -> Any:
         return int(value)
     if isinstance(value, float):
         return jsonable(float(value), depth)
-    return _text(str(value))
+    return valid_text(str(value))
 
 
 def _orjson_refuse(value: Any) -> Any:

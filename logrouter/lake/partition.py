@@ -111,6 +111,12 @@ def hour_bucket(time_ns: int) -> int:
     return int(time_ns // HOUR_NS)
 
 
+def hour_bucket_of(dt: str, hour: str) -> int:
+    """The hour bucket of ``hour_dirs``' strings (the inverse, within the clamped years)."""
+    day = datetime.strptime(dt, "%Y-%m-%d").replace(tzinfo=timezone.utc)
+    return int(day.timestamp()) // 3600 + int(hour)
+
+
 def partition_path(tag: str, bucket: int) -> str:
     """The relative directory ``tag=…/dt=…/hour=…`` of a tag and hour bucket."""
     dt, hour = hour_dirs(bucket)

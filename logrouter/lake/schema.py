@@ -165,6 +165,20 @@ class ColumnTypes:
             if column_type is not None and name not in self._types and self._eligible(name):
                 self._add(name, column_type)
 
+    def replace(self, name: str, column_type: pa.DataType | None) -> None:
+        """Give ``name`` the type ``column_type`` from now on, or never a column (None).
+
+        For a shared table whose type for a name wins over the one this writer chose
+        (another writer gave it a column first)."""
+        if self._types.pop(name, None) is not None:
+            self._folded.discard(name.casefold())
+        if column_type is None:
+            self._refused.add(name)
+            self.declared = tuple(n for n in self.declared if n != name)
+        else:
+            self._refused.discard(name)
+            self._add(name, column_type)
+
     def learn(self, name: Any, value: Any) -> None:
         """Register ``name`` from a value seen outside any column (for the next file)."""
         if name not in self._types:

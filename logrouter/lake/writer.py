@@ -13,6 +13,10 @@ caller likes), never read here.
 
 Readers never see staged files: pyarrow's dataset discovery and Spark skip paths
 starting with ``_`` or ``.``.
+
+Where a published file goes and what its schema is belongs to a layout: the Hive
+lake's by default (``HiveLayout``); the ``iceberg`` sink hands in its table's
+(``logrouter.lake.iceberg_table``), whose files carry field ids and a ``tag`` column.
 """
 
 from __future__ import annotations
@@ -21,14 +25,15 @@ import posixpath
 import re
 import secrets
 import time
-from dataclasses import asdict, dataclass
-from typing import Any, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Mapping, Sequence
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from logrouter.lake.convert import TableBuilder
 from logrouter.lake.fs import LakeFileSystem, LocalFileSystem
-from logrouter.lake.partition import hour_dirs, partition_path, split_by_hour, tag_segment
+from logrouter.lake.partition import hour_bucket_of, hour_dirs, partition_path, split_by_hour, tag_segment
 from logrouter.lake.schema import TIME, ColumnTypes, Inferred, file_schema
 from logrouter.lake.table import data_columns, read_table_schema, type_name, update_table
 
@@ -58,14 +63,51 @@ class SealedFile:
     first_mark: Any = None
     #: The ``mark`` of the last write into the file.
     last_mark: Any = None
+    #: The file's Parquet footer (``pyarrow.parquet.FileMetaData``), for table formats
+    #: that record column statistics; not part of a commit record.
+    footer: Any = field(default=None, compare=False, repr=False)
+
+    @property
+    def hour_bucket(self) -> int:
+        """The hour bucket (hours since the epoch) of the file's partition."""
+        return hour_bucket_of(self.dt, self.hour)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able form for commit records (``first_mark`` must be JSON-able)."""
-        return asdict(self)
+        data = asdict(self)
+        del data["footer"]
+        return data
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "SealedFile":
         return cls(**data)
+
+
+@dataclass(frozen=True)
+class FileShape:
+    """A new file's schemas: ``rows`` is what its rows are built in (``convert.TableBuilder``),
+    ``written`` what the file holds; ``finish`` turns a table of the one into the other."""
+
+    rows: pa.Schema
+    written: pa.Schema
+    finish: Callable[[pa.Table], pa.Table]
+
+
+def _same(table: pa.Table) -> pa.Table:
+    return table
+
+
+class HiveLayout:
+    """The ``parquet`` sink's layout: Hive partition directories under the lake root, and
+    the lake's own table schema (``table.py``) kept up to date before files are published."""
+
+    keeps_table_schema = True
+
+    def final_path(self, root: str, tag: str, bucket: int, name: str) -> str:
+        return posixpath.join(root, partition_path(tag, bucket), name)
+
+    def file_shape(self, tag: str, bucket: int, schema: pa.Schema) -> FileShape:
+        return FileShape(schema, schema, _same)
 
 
 class _OpenFile:
@@ -73,7 +115,7 @@ class _OpenFile:
 
     __slots__ = (
         "tag", "bucket", "name", "staging_path", "final_path", "opened_at", "first_mark", "last_mark",
-        "pending", "stream", "writer", "builder", "rows_written", "bytes_written",
+        "pending", "stream", "writer", "builder", "finish", "footers", "rows_written", "bytes_written",
     )
 
     def __init__(self, tag: str, bucket: int, name: str, staging_path: str, final_path: str,
@@ -90,6 +132,8 @@ class _OpenFile:
         self.stream: Any = None
         self.writer: pq.ParquetWriter | None = None
         self.builder: TableBuilder | None = None
+        self.finish: Callable[[pa.Table], pa.Table] = _same
+        self.footers: list[Any] = []  # pyarrow appends the footer here when the file is closed
         self.rows_written = 0
         self.bytes_written = 0
 
@@ -122,6 +166,7 @@ class LakeWriter:
         fs: LakeFileSystem | None = None,
         column_types: ColumnTypes | None = None,
         compression: str = "zstd",
+        layout: Any = None,
     ) -> None:
         if not _WRITER_ID.fullmatch(writer_id):
             raise ValueError(f"writer_id must match {_WRITER_ID.pattern}: {writer_id!r}")
@@ -135,6 +180,7 @@ class LakeWriter:
         self.fs: LakeFileSystem = fs if fs is not None else LocalFileSystem()
         self.column_types = column_types if column_types is not None else ColumnTypes()
         self.compression = compression
+        self.layout = layout if layout is not None else HiveLayout()
         self.staging_dir = posixpath.join(self.root, STAGING_DIR, writer_id)
         # Unique across restarts: start time (ms, hex, so names sort by run) + random.
         self.run_id = "%x%s" % (time.time_ns() // 1_000_000, secrets.token_hex(4))
@@ -249,7 +295,7 @@ class LakeWriter:
             bucket,
             name,
             posixpath.join(self.staging_dir, name),
-            posixpath.join(self.root, partition_path(tag, bucket), name),
+            self.layout.final_path(self.root, tag, bucket, name),
             now,
             mark,
         )
@@ -258,7 +304,7 @@ class LakeWriter:
         if not file.pending:
             return
         inferred = self._start(file) if file.writer is None else None
-        table = file.builder.build(file.pending, inferred)  # type: ignore[union-attr]
+        table = file.finish(file.builder.build(file.pending, inferred))  # type: ignore[union-attr]
         file.writer.write_table(table)  # type: ignore[union-attr]
         file.rows_written += len(file.pending)
         file.pending = []
@@ -270,7 +316,9 @@ class LakeWriter:
         """Open the staged file; its schema comes from its first row group's rows."""
         inferred: Inferred = {}
         schema = file_schema(self.column_types, [event[1] for event in file.pending], inferred)
-        file.builder = TableBuilder(schema, self.column_types)
+        shape = self.layout.file_shape(file.tag, file.bucket, schema)
+        file.builder = TableBuilder(shape.rows, self.column_types)
+        file.finish = shape.finish
         if not self._staging_made:
             self.fs.makedirs(self.staging_dir)
             self._staging_made = True
@@ -279,8 +327,9 @@ class LakeWriter:
             # The event time is nearly unique per row: a dictionary of it is work and bytes
             # for nothing (plain + zstd: ~10% less CPU to encode a flat row group, files
             # ~20% smaller). Every other column keeps Arrow's default.
-            dictionary = [name for name in schema.names if name != TIME]
-            file.writer = pq.ParquetWriter(file.stream, schema, compression=self.compression, use_dictionary=dictionary)
+            dictionary = [name for name in shape.written.names if name != TIME]
+            file.writer = pq.ParquetWriter(file.stream, shape.written, compression=self.compression,
+                                           use_dictionary=dictionary, metadata_collector=file.footers)
         except BaseException:
             file.stream.close()
             raise
@@ -318,7 +367,7 @@ class LakeWriter:
         dt, hour = hour_dirs(file.bucket)
         self._ready.append(
             SealedFile(file.staging_path, file.final_path, file.rows_written, size,
-                       file.tag, dt, hour, file.first_mark, file.last_mark)
+                       file.tag, dt, hour, file.first_mark, file.last_mark, file.footers[0] if file.footers else None)
         )
 
     def _hand_out(self) -> list[SealedFile]:
@@ -359,7 +408,7 @@ class LakeWriter:
         in neither place, unless ``missing_ok`` (a redo after compaction may find a
         published file already rewritten into another).
         """
-        if sealed:
+        if sealed and self.layout.keeps_table_schema:
             self.update_table()
         directories: dict[str, None] = {}
         for file in sealed:

@@ -18,27 +18,20 @@ writes a row twice. The cursor never passes the first record of a file still ope
 
 from __future__ import annotations
 
-import datetime
-import socket
-from typing import Any, Iterator
+from typing import Any
 
-from twisted.internet import defer, task
+from twisted.internet import task
 
 from logrouter import registry
 from logrouter.batch import Batch
-from logrouter.config.options import Option, positive
-from logrouter.lake.flatten import flatten_events
+from logrouter.config.options import Option
 from logrouter.lake.fs import check_lake_url, filesystem_for
-from logrouter.lake.partition import PartitionError
-from logrouter.lake.schema import TYPE_NAMES, ColumnTypes
 from logrouter.lake.writer import LakeWriter, SealedFile
-from logrouter.serial import SerialWorker, defer_to_thread
+from logrouter.serial import SerialWorker
 from logrouter.sinks.base import SINK_OPTIONS
+from logrouter.sinks.lake_sink import CURSOR_SAVE_SECS, LakeSink, file_options
 
-from logrouter.sinks.worker_sink import RESET as _RESET, ROWS as _ROWS, STOP as _STOP, TICK as _TICK, WorkerSink  # noqa: F401
-
-CURSOR_SAVE_SECS = 1.0  # a cursor-only commit (nothing sealed) at most this often
-MAX_BUFFERED_BYTES = 64 << 20  # rows held in Python before they are encoded anyway
+from logrouter.sinks.worker_sink import RESET as _RESET, ROWS as _ROWS, STOP as _STOP, TICK as _TICK  # noqa: F401
 
 
 def _check_path(value: str) -> None:
@@ -46,41 +39,8 @@ def _check_path(value: str) -> None:
     check_lake_url(value)
 
 
-def _check_writer_id(value: str) -> None:
-    if value and (any(c in value for c in "/\\\0") or value.startswith((".", "_"))):
-        raise ValueError(f"must be a file-name-safe string not starting with '.' or '_', got {value!r}")
-
-
-def _check_columns(value: dict) -> None:
-    try:
-        ColumnTypes(value)
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"{e} (types: {', '.join(sorted(TYPE_NAMES))})") from None
-
-
-def _default_writer_id(name: str) -> str:
-    host = "".join(c if c.isalnum() or c in "-." else "-" for c in socket.gethostname()) or "host"
-    return f"{host}-{name}"
-
-
-PARQUET_CODECS = ("zstd", "snappy", "gzip", "brotli", "lz4", "none")
-
-
-def _check_codec(value: str) -> None:
-    """Refused at config load: an unknown codec would otherwise fail every file write."""
-    import pyarrow
-
-    name = value.lower()
-    if name not in PARQUET_CODECS:
-        raise ValueError(f"unknown Parquet codec {value!r} (one of: {', '.join(PARQUET_CODECS)})")
-    if name != "none" and not pyarrow.Codec.is_available(name):
-        raise ValueError(f"Parquet codec {value!r} is not available in this pyarrow build")
-
-
 @registry.sink("parquet")
-class ParquetSink(WorkerSink):
-    WRITER_OPTION = "writer_id"
-    default_writer = staticmethod(_default_writer_id)
+class ParquetSink(LakeSink):
     COUNTERS = {
         "files_published": "Parquet files published into the lake",
         "rows_published": "rows in the files published",
@@ -88,25 +48,14 @@ class ParquetSink(WorkerSink):
     }
     OPTIONS = {
         "path": Option(str, doc="lake root: a directory, `file://` or `hdfs://namenode:8020/logs` (see HDFS)", check=_check_path),
-        "writer_id": Option(
-            str, "", "unique per router writing into one lake; part of every file name (empty = host name + sink name)", _check_writer_id
-        ),
-        "roll_bytes": Option(int, 128 << 20, "seal a file once it holds about this many bytes", positive),
-        "roll_secs": Option((int, float), 300, "seal a file this long after it was opened", positive),
-        "row_group_rows": Option(int, 10_000, "rows per Parquet row group; bounds the memory of each open file", positive),
-        "compression": Option(str, "zstd", "Parquet codec: `zstd`, `snappy`, `gzip`, `brotli`, `lz4` or `none`", _check_codec),
-        "columns": Option(dict, {}, "declared column types, e.g. `{ status = \"int\", latency = \"float\" }`: every file has them, typed, even "
-            "across routers and restarts", _check_columns),
-        "flatten": Option(
-            bool, False, "store nested tables as dotted columns (`host.name`) instead of JSON in `_extra`; arrays stay in `_extra`"
-        ),
+        **file_options("unique per router writing into one lake; part of every file name (empty = host name + sink name)", 300),
         **SINK_OPTIONS,
     }
 
     def __init__(self, name: str, options: dict[str, Any], errors: Any, reactor: Any) -> None:
         super().__init__(name, options, errors, reactor)
         self.root = options["path"].removeprefix("file://")
-        self.writer_id = options["writer_id"] or _default_writer_id(name)
+        self.writer_id = options["writer_id"] or self.default_writer(name)
         self.flatten = options.get("flatten", False)
         self.writer = self._new_writer()
         self.worker = SerialWorker(
@@ -125,37 +74,10 @@ class ParquetSink(WorkerSink):
         self._stopped = False
 
     def _new_writer(self) -> LakeWriter:
-        types = ColumnTypes(self.options["columns"])
         fs, self.root = filesystem_for(self.options["path"])
-        return LakeWriter(
-            self.root,
-            self.writer_id,
-            self.options["roll_bytes"],
-            self.options["roll_secs"],
-            self.options["row_group_rows"],
-            fs=fs,
-            column_types=types,
-            compression=self.options["compression"],
-        )
+        return self.new_writer(self.root, fs)
 
-    # -- lifecycle (reactor thread) ----------------------------------------------------
-
-    def samples(self) -> Iterator[tuple[str, str, dict[str, str], float]]:
-        """SinkBase's samples, plus the files open and the rows they buffer."""
-        yield from super().samples()
-        labels = self.labels()
-        yield "logrouter_sink_open_files", "gauge", labels, self.writer.open_files
-        yield "logrouter_sink_buffered_rows", "gauge", labels, self.writer.buffered_rows
-
-    def start(self) -> defer.Deferred:
-        d = defer_to_thread(self._recover)
-
-        def started(cursor: int) -> int:
-            self.cursor = self.fed_end = cursor
-            self.ticker.start(min(1.0, float(self.options["roll_secs"]) / 4), now=False)
-            return cursor
-
-        return d.addCallback(started)
+    # -- recovery (in a thread, at start) ----------------------------------------------
 
     def _recover(self) -> int:
         """Finish the last commit, drop uncommitted staging files; the cursor to resume from."""
@@ -178,84 +100,39 @@ class ParquetSink(WorkerSink):
             )
         return state["cursor"] if state else 0
 
-    def write(self, batch: Batch, position: int, size: int) -> None:
-        self.queued_bytes += size
-        self._submit((_ROWS, batch, position, size))
-
-    def _report_refused(self, refused: list) -> None:
-        for tag, reason, events in refused:
-            for _, record in events:
-                self.errors(self.name, tag, record, reason)
-
     # -- worker thread -----------------------------------------------------------------
 
-    def _work(self, items: list[tuple[tuple, float, int, int]]) -> tuple[int, int, list, list]:
-        """One run over everything queued; on any error the writer drops what it holds."""
+    def _reset_work(self) -> None:
+        self.writer.abort()
+        if self._unpublished:
+            # committed before the failure: finish its renames (idempotent)
+            self.writer.publish(self._unpublished, missing_ok=True)
+            self._unpublished = []
         try:
-            return self._run(items)
-        except BaseException:
-            self.writer.abort()
-            raise
+            # What is still staged now is uncommitted (e.g. a file whose delete
+            # the outage refused at the abort): the replay writes it again.
+            self.writer.discard_staging()
+        except Exception as e:  # noqa: BLE001 - the next reset, or the next start, retries
+            self.log.warn(
+                "parquet sink {name}: staged files not cleared yet ({error}); the next retry or start does it",
+                name=self.name,
+                error=str(e).splitlines()[0][:200] if str(e) else type(e).__name__,
+            )
 
-    def _run(self, items: list[tuple[tuple, float, int, int]]) -> tuple[int, int, list, list]:
-        freed = 0
-        stop = False
-        refused: list = []
-        undecodable: list = []
-        now = items[-1][1]
-        # How far the spool was handed over when the last item of this epoch was queued;
-        # work of an older epoch (queued before a failure) proves nothing and is skipped.
-        processed_end = self._saved_cursor
-        for item, _, fed_end, epoch in items:
-            kind = item[0]
-            if kind == _RESET:
-                self.writer.abort()
-                if self._unpublished:
-                    # committed before the failure: finish its renames (idempotent)
-                    self.writer.publish(self._unpublished, missing_ok=True)
-                    self._unpublished = []
-                try:
-                    # What is still staged now is uncommitted (e.g. a file whose delete
-                    # the outage refused at the abort): the replay writes it again.
-                    self.writer.discard_staging()
-                except Exception as e:  # noqa: BLE001 - the next reset, or the next start, retries
-                    self.log.warn(
-                        "parquet sink {name}: staged files not cleared yet ({error}); the next retry or start does it",
-                        name=self.name,
-                        error=str(e).splitlines()[0][:200] if str(e) else type(e).__name__,
-                    )
-                processed_end = self._saved_cursor
-                continue
-            if epoch != self.epoch:
-                continue  # the replay from the cursor brings it again
-            processed_end = fed_end
-            if kind == _ROWS:
-                _, batch, position, size = item
-                freed += size
-                events = self.events_of(batch, position, undecodable)
-                if events is None:
-                    continue
-                try:
-                    self.writer.write(batch.tag, flatten_events(events) if self.flatten else events, now, position,
-                                      self.published)
-                except PartitionError as e:
-                    refused.append((batch.tag, f"tag cannot name a partition: {e}", events))
-            elif kind == _STOP:
-                stop = True
-        if self.writer.buffered_bytes > MAX_BUFFERED_BYTES:
-            self.writer.flush()
+    def _rows(self, batch: Batch, position: int, events: list, now: float, refused: list) -> None:
+        self.write_rows(batch.tag, events, now, position, refused, self.published)
+
+    def _finish_run(self, now: float, processed_end: int, stop: bool) -> None:
         sealed = self.writer.seal_all() if stop else self.writer.seal_due(now)
         oldest = self.writer.oldest_open_mark()
         cursor = processed_end if oldest is None else min(oldest, processed_end)
         if sealed or stop or (cursor > self._saved_cursor and now - self._saved_at >= CURSOR_SAVE_SECS):
             self._commit(sealed, cursor, now)
-        # Only a committed cursor is reported: the spool may delete what lies before it.
-        return freed, self._saved_cursor, refused, undecodable
 
     def _commit(self, sealed: list[SealedFile], cursor: int, now: float) -> None:
         published = dict(self.published)
         for file in sealed:
-            key = (file.tag, _bucket(file))
+            key = (file.tag, file.hour_bucket)
             published[key] = max(published.get(key, -1), file.last_mark)
         # Marks below the cursor can never be replayed again: forget them.
         published = {k: m for k, m in published.items() if m >= cursor}
@@ -293,8 +170,3 @@ class ParquetSink(WorkerSink):
                 partitions=", ".join(parts[:3]) + (f" (+{len(parts) - 3} more)" if len(parts) > 3 else ""),
             )
 
-
-def _bucket(file: SealedFile) -> int:
-    """The hour bucket (hours since the epoch) of a sealed file's partition."""
-    day = datetime.date.fromisoformat(file.dt)
-    return (day.toordinal() - datetime.date(1970, 1, 1).toordinal()) * 24 + int(file.hour)

@@ -6,9 +6,9 @@ comes back: ``_done`` frees the queued bytes, moves the cursor to what the worke
 committed, reports refused records (``_report_refused``, the subclass's shape) and
 records whose events could not be decoded;
 ``_failed`` hands a failure to ``SinkBase.fail``. ``reset`` (after a failure's backoff)
-fails too while files of a committed record are still unpublished, so the retry comes
-again. A subclass sets ``worker``, ``ticker``, ``fed_end``, ``_unpublished`` and
-``_stopped`` in its constructor and runs the items in the worker thread.
+fails too while ``reset_problem()`` says what it left undone (files of a committed
+record still unpublished), so the retry comes again. A subclass sets ``worker``,
+``ticker``, ``fed_end``, ``_unpublished`` and ``_stopped`` in its constructor and runs the items in the worker thread.
 
 Batches read back from the spool come deferred (``Batch.deferred``, ``DEFERRED_EVENTS``):
 the worker thread decodes them (``events_of``), which also counts ``events_in``.
@@ -77,11 +77,18 @@ class WorkerSink(SinkBase):
 
         def check(_: object) -> None:
             # The reset runs while the sink is failing, so the worker's failure is not
-            # reported; committed files still unpublished mean it failed: retry later.
-            if self._unpublished:
-                raise OSError(f"{len(self._unpublished)} committed file(s) could not be published yet")
+            # reported; what it left undone (reset_problem) means it failed: retry later.
+            problem = self.reset_problem()
+            if problem:
+                raise OSError(problem)
 
         return d.addCallback(check)
+
+    def reset_problem(self) -> str:
+        """What the last reset left undone (empty: the sink may be fed again)."""
+        if self._unpublished:
+            return f"{len(self._unpublished)} committed file(s) could not be published yet"
+        return ""
 
     def _submit(self, item: tuple) -> defer.Deferred:
         return self.worker.submit((item, self.reactor.seconds(), self.fed_end, self.epoch))
