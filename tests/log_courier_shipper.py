@@ -288,23 +288,29 @@ class Shipper:
             time.sleep(0.05)  # poll interval; the bound is the deadline
 
     def stop(self, grace: float = 5.0) -> int | None:
-        """Stop the process if it still runs: SIGTERM (a clean shutdown), then SIGKILL."""
+        """Stop the process if it still runs: SIGTERM (a clean shutdown, which waits for
+        what is unacknowledged), after ``grace / 5`` s a second SIGTERM (2.12.0: "send again
+        to force immediate shutdown"), then SIGKILL."""
         proc = self.proc
         if proc is None:
             return None
         self.close_stdin()
-        if proc.poll() is None:
+        for sig, wait in ((signal.SIGTERM, grace / 5), (signal.SIGTERM, grace)):
+            if proc.poll() is not None:
+                break
             try:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(timeout=grace)
+                proc.send_signal(sig)
+                proc.wait(timeout=wait)
             except subprocess.TimeoutExpired:
-                try:  # its own session (start_new_session): the group is only what it started
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait(timeout=grace)
+                continue
+            except ProcessLookupError:
+                break
+        if proc.poll() is None:
+            try:  # its own session (start_new_session): the group is only what it started
+                os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+            proc.wait(timeout=grace)
         if self._output_file is not None:
             self._output_file.close()
             self._output_file = None

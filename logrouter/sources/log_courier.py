@@ -20,9 +20,9 @@ Point a Log Courier shipper (``network.transport`` ``tcp`` or ``tls``) at it. Th
   the next ones and waits for their ``ACKN``; an ACKN of a payload it no longer holds does
   not re-arm its timeout, so without the next nonce it would give up after its network
   timeout (15 s) and reconnect. The connection therefore reads on, while held, until the
-  next payload's nonce has arrived (at most ``PEEK_BYTES``, one socket read; a payload
-  completed in that read is stored as usual), then stops and keeps that payload alive
-  with ``ACKN nonce 0``.
+  next payload's nonce has arrived or ``PEEK_BYTES`` were read (the read that passes it is
+  the last; payloads completed meanwhile are stored as usual), then stops and keeps that
+  payload alive with ``ACKN nonce 0``. One such peek per hold.
 - **Retransmissions:** the shipper resends a payload it has no full ``ACKN`` for with the
   same nonce after a reconnect; the nonce is the payload's idempotency key, so it is
   acknowledged without being stored twice.
@@ -51,7 +51,7 @@ _HEADER = struct.Struct(">4sI")
 SERVER_ID = b"LGRT"  # our 4-byte id in VERS (Log Carver says LCVR, the Ruby server RYLC)
 SERVER_VERSION = (2, 12, 0)  # the protocol level we speak: Log Carver 2.12's
 BACKPRESSURE = "backpressure"  # the stream base's hold while the router cannot take more
-PEEK_BYTES = 65536  # read at most this much while held, to learn the next nonce (one read)
+PEEK_BYTES = 65536  # held: read no more than this for the next nonce (Twisted reads 64 KiB at once)
 
 
 class LogCourierProtocol(AckingConnection, StreamProtocol):
