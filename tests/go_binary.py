@@ -85,12 +85,18 @@ def cache_root(environ: dict[str, str] | None = None) -> Path:
 
 
 def peers_dir(environ: dict[str, str] | None = None) -> Path:
-    """Where the peers' source tarballs are: ``$LOGROUTER_PEERS_DIR``, else
-    ``<checkout>/../shared/peers``."""
+    """Where the peers' source tarballs are: ``$LOGROUTER_PEERS_DIR``, else the first
+    ``shared/peers`` beside the checkout or beside one of its parent folders (a clone made
+    one level deeper, as CI's fresh clone may be, still finds them); else
+    ``<checkout>/../shared/peers`` (absent: the tests say so and skip)."""
     environ = os.environ if environ is None else environ
     override = environ.get(PEERS_ENV)
     if override:
         return Path(override).expanduser().resolve()
+    for parent in CHECKOUT_DIR.parents:
+        candidate = parent / "shared" / "peers"
+        if candidate.is_dir():
+            return candidate
     return CHECKOUT_DIR.parent / "shared" / "peers"
 
 

@@ -17,13 +17,10 @@ Knobs (environment):
 - ``LOGROUTER_LOG_COURIER_BUILD_TIMEOUT``: seconds for the whole build (default 480,
   under the 600 s pytest-timeout of the first test that asks for it).
 
-When its connection breaks just as it hands a payload to it, 2.12.0 sends that payload's
-events twice: the payload goes to its resend list under its nonce, and the same events
-are also held and sent later as a new payload under a new nonce (``publisher.go``: a
-failed ``sendEvents`` keeps the spool as ``nextSpool``; ``endpoint.go`` had already put
-the payload among the pending ones that a failure pulls back). No receiver can tell the
-two apart, so ``Shipper.sent_twice()`` reads from the shipper's debug log how many events
-it sent so.
+When its connection breaks just as it hands a new payload to it, 2.12.0 sends that
+payload's events twice, under two nonces; ``Shipper.log()`` (``tests/log_courier_log.py``)
+reads from the shipper's debug log what it sent, what was acknowledged and how many events
+it sent again so (``sent_again``).
 
 ``Shipper`` runs the binary as ``log-courier -config <file> -stdin``: it reads lines
 from its standard input and ships each as one event (``message`` = the line) to one
@@ -31,14 +28,23 @@ server, over ``tcp`` or ``tls``. At stdin EOF it flushes its spool and waits unt
 server has acknowledged every event; then its pipeline stops (it logs ``FINISHED``), but
 2.12.0 does not exit by itself: its main loop keeps waiting for a signal (nothing calls
 its ``App.Stop``). ``Shipper.wait`` therefore sends SIGTERM once ``FINISHED`` is logged,
-on which the shipper exits 0.
+on which the shipper exits 0. Beware: after stdin EOF, a connection that fails (a router
+killed or reloaded) ends the shipper too, with ``FINISHED`` and exit 0, and what was not
+acknowledged is never sent; tests that break connections close stdin only once
+``Shipper.log().acknowledged`` has every line.
+
+With ``files`` (a list of file sets, each ``{"paths": [...], ...}``) it follows files
+instead, each from its beginning (``-from-beginning``), and runs until stopped; only then
+does it serve its admin REST API (``admin``: a listen address such as
+``tcp:127.0.0.1:1234``; 2.12.0 skips the API with ``-stdin``), which ``status()`` asks
+with ``lc-admin -connect <address> -quiet status`` (``LC_ADMIN``, built from the same
+tarball) and returns parsed (``parse_status``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -48,10 +54,7 @@ from pathlib import Path
 from typing import Iterable
 
 from go_binary import GoBinary, PeerTarball
-
-# The publisher logs this (debug) only after queueing a new payload on a ready endpoint
-# failed: the events go out twice (see the module's docstring and sent_twice).
-_HELD_AFTER_FAILED_QUEUE = re.compile(r"Holding (\d+) new events until an endpoint is ready$")
+from log_courier_log import ShipperLog
 
 # Logged once stdin is at EOF and every event is acknowledged (the publisher holds its
 # shutdown until then) and the whole pipeline has stopped; also on a failed start-up,
@@ -70,6 +73,30 @@ SHIPPER = GoBinary(
     cgo=False,
 )
 
+# Built from the same tarball: the shipper's admin client (``lc-admin -connect <address>
+# -quiet status`` prints the shipper's REST API status) and Log Carver, Log Courier's own
+# receiver (see ``tests/log_carver.py``).
+LC_ADMIN = GoBinary(
+    name="Log Courier lc-admin",
+    tarball=PeerTarball(TARBALL.file_name, module_dir=TARBALL.module_dir, package="./lc-admin"),
+    binary="lc-admin",
+    bin_env="LOGROUTER_LC_ADMIN_BIN",
+    timeout_env="LOGROUTER_LOG_COURIER_BUILD_TIMEOUT",
+    default_timeout=480.0,
+    cgo=False,
+)
+
+LOG_CARVER = GoBinary(
+    name="Log Carver",
+    tarball=PeerTarball(TARBALL.file_name, module_dir=TARBALL.module_dir, package="./log-carver"),
+    binary="log-carver",
+    bin_env="LOGROUTER_LOG_CARVER_BIN",
+    timeout_env="LOGROUTER_LOG_COURIER_BUILD_TIMEOUT",
+    default_timeout=480.0,
+    cgo=False,
+)
+
+
 def build_reason() -> str:
     """Why the last ``ensure_built()`` returned what it did (a path or a failure)."""
     return SHIPPER.build_reason()
@@ -82,6 +109,30 @@ def ensure_built() -> Path | None:
 
 def ensure_built_with_reason() -> tuple[Path | None, str]:
     return SHIPPER.ensure_built_with_reason()
+
+
+def parse_status(text: str) -> dict:
+    """``lc-admin -quiet status`` output (YAML-like ``key: value`` lines, nested by
+    two-space indentation) as nested dicts of strings."""
+    root: dict = {}
+    stack: list[tuple[int, dict]] = [(-1, root)]
+    for line in text.splitlines():
+        text_ = line.strip()
+        if not text_.endswith(":") and ": " not in text_:
+            continue
+        indent = len(line) - len(line.lstrip(" "))
+        # A key may hold colons itself (an endpoint "127.0.0.1:5043"): a nested map's key
+        # is the whole line but its last colon, a value follows the first ": ".
+        key, _, value = (text_[:-1], "", "") if text_.endswith(":") else text_.partition(": ")
+        while stack[-1][0] >= indent:
+            stack.pop()
+        parent = stack[-1][1]
+        if value.strip():
+            parent[key] = value.strip()
+        else:
+            parent[key] = child = {}
+            stack.append((indent, child))
+    return root
 
 
 class Shipper:
@@ -114,6 +165,8 @@ class Shipper:
         log_level: str = "debug",
         extra_general: dict | None = None,
         extra_network: dict | None = None,
+        files: list[dict] | None = None,
+        admin: str | None = None,
     ) -> None:
         if log_level not in ("debug", "info", "notice"):  # FINISHED is a notice
             raise ValueError(f"log_level must be debug, info or notice for wait(), not {log_level!r}")
@@ -158,11 +211,19 @@ class Shipper:
             "network": network,
             "stdin": {"fields": dict(fields or {"type": "stdin"})},
         }
+        if files is not None:
+            self.config["files"] = files
+        self.admin = admin
+        if admin is not None:
+            self.config["admin"] = {"enabled": True, "listen address": admin}
         # JSON (extension .json); the shipper takes YAML for .yaml/.yml as well.
         self.config_path = self.workdir / "log-courier.json"
         self.config_path.write_text(json.dumps(self.config, indent=2) + "\n")
         self.output_path = self.workdir / "output.log"
-        self.argv = [str(self.binary), "-config", str(self.config_path), "-stdin"]
+        # Without files: lines from stdin. With files: the files, each from its beginning
+        # (without -from-beginning a file found at the first start is shipped from its end).
+        mode = "-stdin" if files is None else "-from-beginning"
+        self.argv = [str(self.binary), "-config", str(self.config_path), mode]
         self.proc: subprocess.Popen | None = None
         self._output_file = None
 
@@ -227,23 +288,29 @@ class Shipper:
             time.sleep(0.05)  # poll interval; the bound is the deadline
 
     def stop(self, grace: float = 5.0) -> int | None:
-        """Stop the process if it still runs: SIGTERM (a clean shutdown), then SIGKILL."""
+        """Stop the process if it still runs: SIGTERM (a clean shutdown, which waits for
+        what is unacknowledged), after ``grace / 5`` s a second SIGTERM (2.12.0: "send again
+        to force immediate shutdown"), then SIGKILL."""
         proc = self.proc
         if proc is None:
             return None
         self.close_stdin()
-        if proc.poll() is None:
+        for sig, wait in ((signal.SIGTERM, grace / 5), (signal.SIGTERM, grace)):
+            if proc.poll() is not None:
+                break
             try:
-                proc.send_signal(signal.SIGTERM)
-                proc.wait(timeout=grace)
+                proc.send_signal(sig)
+                proc.wait(timeout=wait)
             except subprocess.TimeoutExpired:
-                try:  # its own session (start_new_session): the group is only what it started
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                proc.wait(timeout=grace)
+                continue
+            except ProcessLookupError:
+                break
+        if proc.poll() is None:
+            try:  # its own session (start_new_session): the group is only what it started
+                os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+            proc.wait(timeout=grace)
         if self._output_file is not None:
             self._output_file.close()
             self._output_file = None
@@ -260,18 +327,24 @@ class Shipper:
         except OSError:
             return ""
 
-    def sent_twice(self) -> int:
-        """How many events the shipper sent twice, under two nonces (see the module's
-        docstring), by its log (``log_level`` debug): 2.12.0 says ``Holding N new events
-        until an endpoint is ready`` only after queueing a new payload on a ready endpoint
-        failed, and then sends those N events again. (With a single server that is the
-        only way there: a failed transport, or its send queue full, when the payload was
-        already among the endpoint's pending ones.)"""
-        return sum(
-            int(held.group(1))
-            for line in self.output().splitlines()
-            if (held := _HELD_AFTER_FAILED_QUEUE.search(line))
+    def log(self) -> ShipperLog:
+        """What its debug log says so far: payloads, ACKNs, reconnects, events sent again."""
+        return ShipperLog.parse(self.output())
+
+    def status(self, timeout: float = 30) -> dict:
+        """Its admin API's full status, by ``lc-admin -quiet status`` (needs ``admin``)."""
+        if self.admin is None:
+            raise RuntimeError("the admin API is off: give Shipper(admin=...)")
+        lc_admin, why = LC_ADMIN.ensure_built_with_reason()
+        if lc_admin is None:
+            raise RuntimeError(why)
+        done = subprocess.run(
+            [str(lc_admin), "-connect", self.admin, "-quiet", "status"],
+            capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
         )
+        if done.returncode != 0:
+            raise RuntimeError(f"lc-admin exited {done.returncode}: {done.stdout}{done.stderr}")
+        return parse_status(done.stdout)
 
     def _output_from(self, offset: int) -> bytes:
         try:

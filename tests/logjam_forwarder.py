@@ -36,8 +36,10 @@ the cache outside the checkout (``<cache>/http-forwarder/<tarball>-<hash>/``). K
 - ``LOGROUTER_LOGJAM_FORWARDER_BUILD_TIMEOUT``: seconds for the whole build (default 480).
 
 ``Forwarder`` runs it on loopback with free ports (``-b 127.0.0.1 -p <http> -P <pub> -d
-<device id>``), waits until it serves, posts logs and events with urllib, and stops it
-(SIGTERM, then SIGKILL after a bound) when the ``with`` block ends.
+<device id>``), or the ``ports`` given (``free_ports()`` chooses a pair, so a subscriber
+can be set up before the forwarder binds), waits until it serves, posts logs and events
+with urllib, and stops it (SIGTERM, then SIGKILL after a bound) when the ``with`` block
+ends; ``restart()`` stops it and starts a new process on the same ports.
 """
 
 from __future__ import annotations
@@ -104,7 +106,7 @@ def build_reason() -> str:
     return FORWARDER.build_reason()
 
 
-def _free_ports() -> tuple[int, int]:
+def free_ports() -> tuple[int, int]:
     """An HTTP port free on every interface (the program listens on ``:port``) and a
     different PUB port free on 127.0.0.1, both held until both are chosen."""
     http = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -168,6 +170,7 @@ class Forwarder:
         stop_grace: float = 15.0,
         attempts: int = 3,
         extra_args: list[str] | None = None,
+        ports: tuple[int, int] | None = None,
     ) -> None:
         if compress not in (None, "zlib", "snappy", "lz4"):
             raise ValueError(f"compress must be zlib, snappy or lz4, not {compress!r}")
@@ -182,6 +185,7 @@ class Forwarder:
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="http-forwarder-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.output_path = self.workdir / "output.log"
+        self.ports = ports  # (HTTP, PUB) to use, every start; None = free ones, new each attempt
         self.http_port = 0
         self.pub_port = 0
         self.argv: list[str] = []
@@ -205,8 +209,8 @@ class Forwarder:
         if self.proc is not None:
             raise RuntimeError("already started")
         problems = []
-        for _ in range(self.attempts):
-            self.http_port, self.pub_port = _free_ports()
+        for _ in range(1 if self.ports else self.attempts):
+            self.http_port, self.pub_port = self.ports or free_ports()
             self.argv = [
                 str(self.binary), "-b", "127.0.0.1", "-p", str(self.http_port),
                 "-P", str(self.pub_port), "-d", str(self.device_id), *self.extra_args,
@@ -225,7 +229,7 @@ class Forwarder:
             self.stop()
             self.proc = None
         raise ForwarderFailed(
-            f"http-forwarder did not come up in {self.attempts} attempts: {'; '.join(problems)}\n"
+            f"http-forwarder did not come up in {len(problems)} attempt(s): {'; '.join(problems)}\n"
             f"{self.output()[-4000:]}"
         )
 
@@ -256,6 +260,14 @@ class Forwarder:
                 last = f"not listening on {self.http_port} yet"
             time.sleep(0.05)  # poll interval; the bound is the deadline
         return f"not serving after {self.start_timeout:.0f}s ({last})"
+
+    def restart(self) -> "Forwarder":
+        """Stop it and start it again on the same ports: a new process, whose sequence
+        numbers start again from 1 (a device restart, as a subscriber sees it)."""
+        self.stop()
+        self.proc = None
+        self.ports = (self.http_port, self.pub_port)
+        return self.start()
 
     def stop(self) -> int | None:
         """SIGTERM (it shuts its web server down, at most 5 s, and its publisher, at most

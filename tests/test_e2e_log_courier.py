@@ -1,24 +1,19 @@
-"""The log_courier source end to end: the real daemon on loopback, plain and TLS with a
-client certificate, and a kill -9 while the client keeps sending; every event lands in
-the lake exactly once. The same with the real Log Courier shipper
-(``tests/log_courier_shipper.py``, skipped with the reason where it cannot be built), which
-after the kill may itself send some events twice under two nonces: exactly those land twice."""
+"""The log_courier source end to end with a client built on the codec
+(``tests/courier_client.py``): the real daemon on loopback, plain and TLS with a client
+certificate, and a kill -9 while the client keeps sending; every event lands in the lake
+exactly once. The real Log Courier shipper against the daemon is
+``tests/test_e2e_log_courier_shipper.py``."""
 
 from __future__ import annotations
 
 import collections
 import signal
-import socket
 import ssl
 import threading
-import time
-
-import pytest
 
 from courier_client import CourierClient
 from daemon import Daemon
-from helpers import lake_column, wait_until
-from log_courier_shipper import Shipper, ensure_built_with_reason
+from helpers import lake_column
 
 EVENTS_PER_PAYLOAD = 50
 
@@ -108,63 +103,3 @@ def test_a_kill_9_while_the_client_keeps_sending_loses_and_doubles_nothing(tmp_p
     assert not client.unacked
     print(f"{len(client.acked)} payloads acked, {client.resent} resent after kills")
     assert_exactly_once(tmp_path / "lake", expected(total))
-
-
-# -- the real shipper ------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def shipper_binary():
-    binary, reason = ensure_built_with_reason()
-    if binary is None:
-        pytest.skip(f"the Log Courier shipper is not available: {reason}")
-    return binary
-
-
-@pytest.mark.parametrize("tls", [False, True])
-def test_the_real_shipper_lands_every_line_once(tmp_path, pki, shipper_binary, tls):
-    source = {"ssl_client_authentication": "required", "ca_file": str(pki.ca)} if tls else {}
-    listen = f"ssl:0:interface=127.0.0.1:privateKey={pki.server_key}:certKey={pki.server_cert}" if tls else "tcp:0:interface=127.0.0.1"
-    lines = [f"line {i}" for i in range(2000)]
-    with Daemon(tmp_path, config(listen, **source)) as daemon:
-        daemon.start()
-        options = dict(transport="tls", ca=pki.ca, certificate=pki.client_cert, key=pki.client_key) if tls else {}
-        with Shipper(shipper_binary, daemon.port("courier"), workdir=tmp_path / "shipper", **options) as shipper:
-            shipper.write_lines(lines)
-            shipper.close_stdin()
-            assert shipper.wait(120) == 0, shipper.output()
-        daemon.stop_gracefully()
-    messages = lake_column(tmp_path / "lake", "message")
-    assert sorted(messages) == sorted(lines)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_the_real_shipper_across_a_kill_9(tmp_path, shipper_binary):
-    lines = [f"line {i}" for i in range(20000)]
-    port = free_port()  # the restarted router must listen where the shipper reconnects
-    with Daemon(tmp_path, config(f"tcp:{port}:interface=127.0.0.1")) as daemon:
-        daemon.start()
-        with Shipper(shipper_binary, port, workdir=tmp_path / "shipper") as shipper:
-            shipper.write_lines(lines[:10000])
-            wait_until(lambda: daemon.metrics().get("logrouter_events_in_total", 0) > 2000, 60, "events in")
-            daemon.kill()
-            with Daemon(tmp_path, config(f"tcp:{port}:interface=127.0.0.1")) as again:
-                again.start()
-                shipper.write_lines(lines[10000:])
-                shipper.close_stdin()
-                assert shipper.wait(180) == 0, shipper.output()
-                again.stop_gracefully()
-            sent_twice = shipper.sent_twice()
-    messages = lake_column(tmp_path / "lake", "message")
-    assert set(messages) == set(lines), f"missing {len(set(lines) - set(messages))}"
-    # Every payload once (its nonce is the router's idempotency key). Only when the kill
-    # broke the connection as the shipper queued a payload has it sent those events a
-    # second time under a new nonce (docs/protocols/log_courier.md): they land twice.
-    counts = collections.Counter(messages)
-    assert max(counts.values()) <= 2
-    assert sum(1 for c in counts.values() if c == 2) == sent_twice

@@ -24,7 +24,8 @@ import zlib
 
 import pytest
 
-from log_courier_shipper import FINISHED, Shipper, ensure_built_with_reason
+from log_courier_log import ShipperLog
+from log_courier_shipper import FINISHED, Shipper, ensure_built_with_reason, parse_status
 
 HELO_2_12_0 = bytes.fromhex(
     "48454c4f00000020" "00000000000000020000000c00000000" "4c434f52000000000000000000000000"
@@ -317,22 +318,64 @@ def test_shipper_process_lifecycle_with_a_stand_in(tmp_path):
     assert proc.returncode is not None and time.monotonic() - started < 15
 
 
-def test_sent_twice_reads_the_failed_queueing_from_the_log(tmp_path):
-    """2.12.0's log when the connection breaks as a payload is queued (abridged from a
-    real run): that payload's 1024 events go out twice. Events held for other reasons
-    (the resend queue, too many payloads pending) are sent once."""
-    shipper = Shipper("/nonexistent/log-courier", 5043, workdir=tmp_path)
-    shipper.output_path.write_text(
+def test_the_log_says_which_events_went_out_again_under_a_new_nonce():
+    """2.12.0's log (abridged from real runs). A new payload whose queueing failed on a
+    broken connection is sent again under a new nonce, from the main loop ("Holding …")
+    or from tryQueueHeld (no line of its own); a failed resend keeps its nonce; a failed
+    ping is no payload."""
+    text = (
         "2026/11/27 00:32:52.117221 [E 127.0.0.1:51963] Sending payload 62f65ad8 with 1024 events\n"
         "2026/11/27 00:32:52.129644 [T 127.0.0.1:36660 > 127.0.0.1:51963] Sending EVNT payload with nonce"
         " 62f65ad8 and 1024 events\n"
+        "2026/11/27 00:32:52.129650 [T 127.0.0.1:36660 < 127.0.0.1:51963] Received acknowledgement for nonce"
+        " 0badc0de with sequence 10\n"
         "2026/11/27 00:32:52.129671 [P 127.0.0.1:51963] Forcing endpoint failure: invalid connection state\n"
         "2026/11/27 00:32:52.129690 [P 127.0.0.1:51963] 5 payloads pulled back for resend (5 total now held for resend)\n"
         "2026/11/27 00:32:52.129700 Holding 1024 new events until an endpoint is ready\n"
-        "2026/11/27 00:32:52.207733 Holding 784 new events until the resend queue is flushed\n"
-        "2026/11/27 00:32:53.100000 Maximum pending payloads of 10 reached, holding 1024 new events\n"
-        "2026/11/27 00:32:55.175357 [E 127.0.0.1:51963] Sending payload 9efd3234 with 1024 events\n"
+        "2026/11/27 00:32:53.000000 [T 127.0.0.1:36661 - 127.0.0.1:51963] Connected\n"
+        "2026/11/27 00:32:53.100000 [E 127.0.0.1:51963] Resending payload 62f65ad8 with 1024 events\n"
+        "2026/11/27 00:32:53.100100 [P 127.0.0.1:51963] Forcing endpoint failure: invalid connection state\n"
+        "2026/11/27 00:32:54.000000 [T 127.0.0.1:36662 - 127.0.0.1:51963] Connected\n"
+        "2026/11/27 00:32:54.100000 [E 127.0.0.1:51963] Sending payload 9efd3234 with 700 events\n"
+        "2026/11/27 00:32:54.100100 [P 127.0.0.1:51963] Forcing endpoint failure: invalid connection state\n"
+        "2026/11/27 00:32:55.000000 [P 127.0.0.1:51963] Sending ping and starting pending timeout\n"
+        "2026/11/27 00:32:55.000100 [P 127.0.0.1:51963] Forcing endpoint failure: invalid connection state\n"
+        "2026/11/27 00:33:10.000000 [P 127.0.0.1:51963] Forcing endpoint failure: server did not respond within network timeout\n"
     )
-    assert shipper.sent_twice() == 1024
-    shipper.output_path.write_text("2026/11/27 00:32:52.117221 Log Courier v2.12.0 starting up\n")
-    assert shipper.sent_twice() == 0
+    log = ShipperLog.parse(text)
+    assert log.sent_again == 1024 + 700
+    assert log.connections == 2 and len(log.failures) == 5
+    assert ShipperLog.parse("2026/11/27 00:32:52.117221 Log Courier v2.12.0 starting up\n").sent_again == 0
+
+
+def test_the_log_says_what_was_acknowledged_also_across_a_resend_of_the_rest():
+    """After a partial ACKN the shipper resends only the rest, its sequence from 1."""
+    text = (
+        "2026/11/27 01:00:00.000000 [E s:1] Sending payload aa with 1000 events\n"
+        "2026/11/27 01:00:00.500000 [T c < s:1] Received acknowledgement for nonce aa with sequence 0\n"
+        "2026/11/27 01:00:01.000000 [T c < s:1] Received acknowledgement for nonce aa with sequence 400\n"
+        "2026/11/27 01:00:02.000000 [E s:1] Resending payload aa with 600 events\n"
+        "2026/11/27 01:00:03.000000 [T c < s:1] Received acknowledgement for nonce aa with sequence 600\n"
+        "2026/11/27 01:00:03.000000 [T c < s:1] Received acknowledgement for nonce aa with sequence 600\n"
+        "2026/11/27 01:00:04.000000 [E s:1] Sending payload bb with 10 events\n"
+        "2026/11/27 01:00:04.100000 [T c < s:1] Received acknowledgement for nonce bb with sequence 4\n"
+    )
+    log = ShipperLog.parse(text)
+    assert log.acknowledged == 1000 + 4
+    assert [(a.nonce, a.sequence, a.size) for a in log.partial_steps()] == [("aa", 400, 1000), ("bb", 4, 10)]
+    assert [a.at for a in log.zeros()] == [0.5]
+    assert [(a.nonce, a.sequence) for a in log.repeats()] == [("aa", 600)]
+
+
+def test_lc_admin_status_is_parsed_into_nested_dicts():
+    text = (
+        "\nname: Log Courier\npublisher:\n  endpoints:\n    127.0.0.1:46531:\n      last_error: n/a\n"
+        "      pendingPayloads: 5\n      status: active\n  status:\n    pendingPayloads: 5\n"
+        "    publishedLines: 3072\nversion: 2.12.0\n\n"
+    )
+    status = parse_status(text)
+    assert status["name"] == "Log Courier" and status["version"] == "2.12.0"
+    assert status["publisher"]["endpoints"]["127.0.0.1:46531"] == {
+        "last_error": "n/a", "pendingPayloads": "5", "status": "active",
+    }
+    assert status["publisher"]["status"] == {"pendingPayloads": "5", "publishedLines": "3072"}

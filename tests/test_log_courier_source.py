@@ -152,6 +152,66 @@ def test_paused_in_the_middle_of_a_payload_the_shipper_gets_ackn_0():
     assert conn.replies() == []
 
 
+def test_held_back_at_a_payload_boundary_it_reads_on_to_the_next_nonce_and_keeps_it_alive():
+    """The real shipper has up to 10 payloads in flight: when the spool fills just after a
+    whole payload, the next ones wait in the socket, and an ACKN of the payload already
+    acknowledged does not re-arm its timeout. The connection reads on to the next nonce."""
+    source, router, clock = make_source(keepalive_secs=5)
+    conn = Conn(source)
+    conn.send(lc.encode_helo())
+    conn.replies()
+    conn.send(lc.encode_evnt(N1, events(2)))
+    source.pause_reading()  # the spool is full, at a payload boundary
+    assert conn.transport.producerState == "producing"  # reading on, to the next nonce
+    router.fire(0)
+    assert conn.replies() == [lc.Ackn(N1, 2)]
+    second = lc.encode_evnt(N2, events(100))
+    conn.send(second[:30])  # the header and the nonce have come
+    assert conn.transport.producerState == "paused"
+    clock.advance(5)
+    assert conn.replies() == [lc.Ackn(N2, 0)]
+    clock.advance(5)
+    assert conn.replies() == [lc.Ackn(N2, 0)]
+    source.resume_reading()
+    assert conn.transport.producerState == "producing"
+    conn.send(second[30:])
+    router.fire(1)
+    assert conn.replies() == [lc.Ackn(N2, 100)]
+    clock.advance(30)
+    assert conn.replies() == []
+
+
+def test_a_peek_that_completes_a_payload_stores_it_and_stops_at_the_next_nonce():
+    source, router, clock = make_source(keepalive_secs=5)
+    conn = Conn(source)
+    conn.send(lc.encode_helo())
+    conn.replies()
+    conn.send(lc.encode_jdat(N1, events(1)))
+    source.pause_reading()
+    conn.send(lc.encode_jdat(N2, events(1)))  # a whole payload: stored, still at a boundary
+    assert len(router.calls) == 2 and conn.transport.producerState == "producing"
+    conn.send(lc.encode_jdat(N3, events(1))[:24])
+    assert conn.transport.producerState == "paused"
+    router.fire_all()
+    assert conn.replies() == [lc.Ackn(N1, 1), lc.Ackn(N2, 1)]
+    clock.advance(5)
+    assert conn.replies() == [lc.Ackn(N3, 0)]
+
+
+def test_no_peek_before_the_greeting_nor_for_a_stop():
+    source, router, _ = make_source()
+    source.pause_reading()
+    conn = Conn(source)  # accepted while the spool is full: the HELO waits
+    assert conn.transport.producerState == "paused"
+    source.resume_reading()
+    conn.send(lc.encode_helo())
+    conn.send(lc.encode_jdat(N1, events(1)))
+    source.pause_reading()
+    assert conn.transport.producerState == "producing"
+    conn.protocol.hold_reading("closing")  # a stop or a close wins over the peek
+    assert conn.transport.producerState == "paused"
+
+
 def test_a_helo_dribbled_in_is_closed_by_the_frame_deadline():
     source, _, clock = make_source(frame_timeout_secs=10)
     conn = Conn(source)

@@ -15,6 +15,14 @@ Point a Log Courier shipper (``network.transport`` ``tcp`` or ``tls``) at it. Th
   every ``keepalive_secs`` in which nothing was written, as Log Carver does every 5 s: it
   re-arms the shipper's network timeout. The same goes for a payload whose reading
   backpressure paused half way (its nonce is known): ``ACKN nonce 0``.
+- **Held back at a payload boundary:** when the router stops reading just after a whole
+  payload, the shipper (up to ``max pending payloads`` in flight) may already have sent
+  the next ones and waits for their ``ACKN``; an ACKN of a payload it no longer holds does
+  not re-arm its timeout, so without the next nonce it would give up after its network
+  timeout (15 s) and reconnect. The connection therefore reads on, while held, until the
+  next payload's nonce has arrived or ``PEEK_BYTES`` were read (the read that passes it is
+  the last; payloads completed meanwhile are stored as usual), then stops and keeps that
+  payload alive with ``ACKN nonce 0``. One such peek per hold.
 - **Retransmissions:** the shipper resends a payload it has no full ``ACKN`` for with the
   same nonce after a reconnect; the nonce is the payload's idempotency key, so it is
   acknowledged without being stored twice.
@@ -42,6 +50,8 @@ from logrouter.wire import log_courier as wire
 _HEADER = struct.Struct(">4sI")
 SERVER_ID = b"LGRT"  # our 4-byte id in VERS (Log Carver says LCVR, the Ruby server RYLC)
 SERVER_VERSION = (2, 12, 0)  # the protocol level we speak: Log Carver 2.12's
+BACKPRESSURE = "backpressure"  # the stream base's hold while the router cannot take more
+PEEK_BYTES = 65536  # held: read no more than this for the next nonce (Twisted reads 64 KiB at once)
 
 
 class LogCourierProtocol(AckingConnection, StreamProtocol):
@@ -50,6 +60,9 @@ class LogCourierProtocol(AckingConnection, StreamProtocol):
     def __init__(self, source: "LogCourierSource") -> None:
         super().__init__(source)  # self.acks: keyed by nonce, valued by the events processed
         self._greeting = b""  # the first message, while it is incomplete
+        self.greeted = False  # the handshake (or a client's first payload) has come
+        self.peek_left: int | None = None  # reading on while held: the bytes it may still take
+        self.peeked = False  # this hold had its peek: no other until reading resumes
 
     def make_decoder(self) -> wire.LogCourierDecoder:
         options = self.source.options
@@ -72,6 +85,7 @@ class LogCourierProtocol(AckingConnection, StreamProtocol):
         code, length = _HEADER.unpack_from(greeting)
         if code in (wire.JDAT, wire.EVNT):
             self._greeting = b""
+            self.greeted = True
             return HandshakeDone(rest=greeting)  # a client from before the handshake
         if code != wire.HELO:
             shown = code.decode("ascii", "backslashreplace")
@@ -85,6 +99,7 @@ class LogCourierProtocol(AckingConnection, StreamProtocol):
         self._greeting = b""
         (helo,) = wire.LogCourierDecoder().feed(greeting[:end])
         self.client_id = helo.client_id or "unknown"
+        self.greeted = True
         vers = wire.encode_vers(True, SERVER_VERSION, SERVER_ID)
         return HandshakeDone(rest=greeting[end:], reply=vers)
 
@@ -142,6 +157,53 @@ class LogCourierProtocol(AckingConnection, StreamProtocol):
         if nonce is None:  # nothing stored waits: the payload we stopped reading does
             nonce = self.decoder.nonce_in_progress
         return b"" if nonce is None else wire.encode_ackn(nonce, count)
+
+    # -- held back at a payload boundary ------------------------------------------------
+
+    def hold_reading(self, reason: str) -> None:
+        super().hold_reading(reason)
+        if self.peek_left is not None and reason != BACKPRESSURE:
+            self._end_peek()  # another hold (a stop, a close) wants reading stopped for real
+        else:
+            self._peek()
+
+    def release_reading(self, reason: str) -> None:
+        super().release_reading(reason)
+        if not self.holds:
+            self.peek_left = None
+            self.peeked = False
+        else:
+            self._peek()
+
+    def _peek(self) -> None:
+        """Held back by the router alone, after the greeting, between payloads: read on
+        until the next payload's nonce is known, so it can be kept alive."""
+        if (
+            self.peek_left is None
+            and not self.peeked
+            and self.holds == {BACKPRESSURE}
+            and self.greeted
+            and not (self.closing or self.finishing)
+            and self.decoder.nonce_in_progress is None
+            and self.transport is not None
+        ):
+            self.peek_left = PEEK_BYTES
+            self.transport.resumeProducing()
+
+    def _end_peek(self) -> None:
+        self.peek_left = None
+        self.peeked = True
+        if self.holds and not self.closing and self.transport is not None:
+            self.transport.pauseProducing()
+        if self.stalled_by_us():
+            self.acks.wait_began()
+
+    def dataReceived(self, data: bytes) -> None:
+        super().dataReceived(data)
+        if self.peek_left is not None:
+            self.peek_left -= len(data)
+            if self.peek_left <= 0 or self.decoder.nonce_in_progress is not None or self.closing or self.finishing:
+                self._end_peek()
 
     def stalled_by_us(self) -> bool:
         """Reading is paused (backpressure) in the middle of a payload: the shipper waits for
