@@ -56,10 +56,19 @@ def test_the_cache_is_outside_the_checkout():
     assert go_binary.GO_DIR == go_binary.CACHE_DIR / "go"
 
 
-def test_the_peers_folder_is_beside_the_checkout():
+def test_the_peers_folder_is_beside_the_checkout_or_one_of_its_parents(tmp_path, monkeypatch):
     checkout = Path(go_binary.__file__).resolve().parent.parent
-    assert peers_dir({}) == checkout.parent / "shared" / "peers"
+    found = peers_dir({})
+    candidates = [parent / "shared" / "peers" for parent in checkout.parents]
+    assert found in candidates
+    assert found.is_dir() or found == checkout.parent / "shared" / "peers"
     assert peers_dir({"LOGROUTER_PEERS_DIR": "/p/peers"}) == Path("/p/peers")
+    # a clone two levels below the folder holding shared/peers finds it
+    (tmp_path / "shared" / "peers").mkdir(parents=True)
+    deep = tmp_path / "ci" / "clone"
+    deep.mkdir(parents=True)
+    monkeypatch.setattr(go_binary, "CHECKOUT_DIR", deep)
+    assert peers_dir({}) == tmp_path / "shared" / "peers"
 
 
 def test_the_cache_key_names_the_tarball_and_hashes_its_bytes(tmp_path):
