@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 from twisted.internet import defer, task
-from twisted.logger import formatEvent, globalLogPublisher
 
 from logrouter.sinks.base import SINK_OPTIONS
 from logrouter.sinks.forwarding import STATE_SAVE_SECS, ForwardingSink, host_label
 from logrouter.sinks.state import SinkState
+from source_fakes import log_lines  # noqa: F401  (a fixture)
 
 
 class ToyError(Exception):
@@ -92,18 +92,6 @@ def clock() -> task.Clock:
     c = task.Clock()
     c.advance(1000)
     return c
-
-
-@pytest.fixture
-def log_lines():
-    lines: list[str] = []
-
-    def observe(event: dict) -> None:
-        lines.append(formatEvent(event))
-
-    globalLogPublisher.addObserver(observe)
-    yield lines
-    globalLogPublisher.removeObserver(observe)
 
 
 def started(clock: task.Clock, tmp_path: Any, cursor: int | None = None, **options: Any) -> Toy:
