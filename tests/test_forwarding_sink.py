@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from twisted.internet import defer, task
 
+from logrouter.batch import Batch
 from logrouter.sinks.base import SINK_OPTIONS
 from logrouter.sinks.forwarding import STATE_SAVE_SECS, ForwardingSink, host_label
 from logrouter.sinks.state import SinkState
@@ -262,6 +263,21 @@ def test_stop_before_start_or_while_failing_does_not_wait(clock, tmp_path):
     stopped: list[Any] = []
     failing.stop().addCallback(stopped.append)
     assert stopped and not clock.getDelayedCalls()  # the retry is cancelled too
+
+
+def test_hold_keeps_the_events_of_an_accepting_sink(clock, tmp_path):
+    sink = Toy(clock)
+    sink.unsent, sink.unsent_events, sink._bytes_since_mark = [], 0, 0
+    batch = Batch("app", [(1, {"a": 1}), (2, {"a": 2})], "src")
+    assert sink._hold(batch, 100) == 0  # not started: the replay brings it again
+    sink.state = SinkState(str(tmp_path / "sinks" / "toy.json"))
+    sink.start()
+    assert sink._hold(batch, 100) == 2
+    assert sink._hold(Batch("app", [], "src"), 30) == 0  # nothing for this sink
+    assert sink.unsent == [("app", batch.events)] and sink.unsent_events == 2
+    assert sink.queued_bytes == sink._bytes_since_mark == 100 and sink.events_in == 2
+    sink._broken("down")
+    assert sink._hold(batch, 100) == 0  # failing
 
 
 def test_host_label():

@@ -11,7 +11,8 @@ What the three sinks share, read from them:
    when the protocol has them, the heartbeats (``_heartbeat_secs``), and log one line
    saying where the sink forwards from which spool position (``_log_started``).
 2. **Fed.** ``write``/``advance`` as ``SinkBase`` says; ``accepting`` tells whether a
-   hand-over counts (started, not failing, not stopped). What is held is counted in
+   hand-over counts (started, not failing, not stopped), and ``_hold`` is ``write`` for
+   the sinks that send events rather than records. What is held is counted in
    ``queued_bytes``; the cursor passes a spool record once the next hop has all of it
    (acked, or handed to ZeroMQ where there are no acks).
 3. **Ticks** (every ``STATE_SAVE_SECS``, or ``_tick_secs``): the protocol's timer work
@@ -47,6 +48,7 @@ from typing import Any, ClassVar
 from twisted.internet import defer, task
 from twisted.python.failure import Failure
 
+from logrouter.batch import Batch
 from logrouter.serial import defer_to_thread
 from logrouter.sinks.base import SinkBase
 from logrouter.sinks.state import CursorSaver
@@ -90,6 +92,21 @@ class ForwardingSink(SinkBase):
     def accepting(self) -> bool:
         """Whether what the router hands over now counts (else the replay brings it again)."""
         return not self.failing and self.started and not self.stopped
+
+    def _hold(self, batch: Batch, size: int) -> int:
+        """``write`` for a sink that sends events rather than records (lumberjack, logjam):
+        the batch's events wait in ``unsent`` (with ``unsent_events`` and the record's
+        ``_bytes_since_mark``, which the subclass keeps). The number of events held."""
+        if not self.accepting:
+            return 0  # the replay from the cursor brings it again
+        events = batch.events
+        if events:
+            self.events_in += len(events)
+            self.unsent.append((batch.tag, events))
+            self.unsent_events += len(events)
+            self.queued_bytes += size
+            self._bytes_since_mark += size
+        return len(events)
 
     # -- start ---------------------------------------------------------------------------
 

@@ -369,16 +369,7 @@ class LogjamSink(ForwardingSink):
     # -- fed by the router ---------------------------------------------------------------
 
     def write(self, batch: Batch, position: int, size: int) -> None:
-        if not self.accepting:
-            return  # the replay from the cursor brings it again
-        events = batch.events
-        if not events:
-            return
-        self.queued_bytes += size
-        self._bytes_since_mark += size
-        self.events_in += len(events)
-        self.unsent.append((batch.tag, events))
-        self.unsent_events += len(events)
+        self._hold(batch, size)
 
     def advance(self, end: int) -> None:
         if not self.accepting:

@@ -295,17 +295,7 @@ class LumberjackSink(ForwardingSink):
     # -- fed by the router ---------------------------------------------------------------
 
     def write(self, batch: Batch, position: int, size: int) -> None:
-        if not self.accepting:
-            return  # the replay from the cursor brings it again
-        events = batch.events
-        if not events:
-            return
-        self.events_in += len(events)
-        self.unsent.append((batch.tag, events))
-        self.unsent_events += len(events)
-        self.appended += len(events)
-        self.queued_bytes += size
-        self._bytes_since_mark += size
+        self.appended += self._hold(batch, size)
 
     def advance(self, end: int) -> None:
         if not self.accepting:
