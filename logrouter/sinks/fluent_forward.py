@@ -97,6 +97,8 @@ class NoServerAvailable(Exception):
 
 @registry.sink("fluent_forward")
 class FluentForwardSink(ForwardingSink):
+    HEARTBEAT_AT_START = True
+    RESENT = "resent (same chunk ids)"
     COUNTERS = {
         "chunks_sent": "forward messages written to a server, resends included",
         "chunks_acked": "forward messages a server acknowledged",
@@ -141,9 +143,6 @@ class FluentForwardSink(ForwardingSink):
         elif options["password"] and not options["username"]:
             problems.append("password: set username too")
         return problems
-
-    HEARTBEAT_AT_START = True
-    RESENT = "resent (same chunk ids)"
 
     def __init__(self, name: str, options: dict[str, Any], errors: Any, reactor: Any) -> None:
         super().__init__(name, options, errors, reactor)

@@ -16,14 +16,16 @@ What the three sinks share, read from them:
    ``queued_bytes``; the cursor passes a spool record once the next hop has all of it
    (acked, or handed to ZeroMQ where there are no acks).
 3. **Ticks** (every ``STATE_SAVE_SECS``, or ``_tick_secs``): the protocol's timer work
-   (``_on_tick``; by default, telling the router of a cursor that moved without it, e.g.
-   acks of records with nothing left to hand over), then saving the cursor in a thread,
-   at most about once a second (``CursorSaver``).
+   (``_on_tick``: the fluent_forward sink's ack timeouts; by default, telling the router
+   of a cursor that moved without it, inside ``advance``), then saving the cursor in a
+   thread, at most about once a second (``CursorSaver``).
 4. **Failure** (``_broken``): a lost connection, a protocol error, a timeout, a socket
    error. The connections are thrown away (``_drop_connections``), everything held is
    dropped (``_drop``), and ``SinkBase.fail`` backs off and then asks the router to
    replay from the cursor; ``reset`` drops again before the replay. While stopping
-   there is no retry: what was not acked stays in the spool for the next start.
+   there is no retry: what was not acked stays in the spool for the next start. (The
+   fluent_forward sink fails only when no server is left, through ``_fail_and_drop``;
+   a retry it schedules while stopping is cancelled when the stop ends.)
 5. **Stop.** No more retries; ``_stop_begins`` (the fluent_forward sink stops probing);
    wait until nothing handed over is outstanding (``_drained``), the sink failed, or
    ``drain_timeout_secs`` passed (``_drain_timeout``; ``None``: no limit, as for the
