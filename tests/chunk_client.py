@@ -14,7 +14,7 @@ import time
 
 import msgpack
 
-from logrouter.wire.fluent_forward import encode_packed_forward
+from fixtures.forward_encode import encode_packed_forward
 
 EVENTS_PER_CHUNK = 100
 T0 = 1_700_000_000 * 10**9

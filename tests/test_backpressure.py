@@ -18,7 +18,7 @@ import msgpack
 
 from daemon import Daemon
 from helpers import lake_column, rss_mib, wait_until
-from logrouter.wire.fluent_forward import encode_packed_forward
+from fixtures.forward_encode import encode_packed_forward
 
 CHUNKS = 120
 EVENTS_PER_CHUNK = 1000

@@ -29,7 +29,7 @@ import pytest
 from helpers import wait_until
 from daemon import Daemon
 from logrouter.lake.dataset import lake_dataset
-from logrouter.wire.fluent_forward import encode_packed_forward
+from fixtures.forward_encode import encode_packed_forward
 
 CHUNKS = 300
 EVENTS_PER_CHUNK = 20

@@ -20,7 +20,7 @@ import pytest
 from chunk_client import T0, Client, expected_ids
 from daemon import Daemon
 from helpers import lake_column
-from logrouter.wire.fluent_forward import encode_forward
+from fixtures.forward_encode import encode_forward
 
 CONFIG = """
 [router]

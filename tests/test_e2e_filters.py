@@ -18,7 +18,7 @@ from fluent import sender
 
 from daemon import Daemon
 from helpers import lake_column, read_lake, wait_until
-from logrouter.wire.fluent_forward import encode_packed_forward
+from fixtures.forward_encode import encode_packed_forward
 
 CONFIG = """
 [router]

@@ -15,7 +15,7 @@ import socket
 import msgpack
 
 from daemon import Daemon
-from logrouter.wire.fluent_forward import encode_packed_forward
+from fixtures.forward_encode import encode_packed_forward
 
 EVENTS = 100
 PAD = "x" * 200_000

@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from logrouter.wire import fluent_forward as ff
-from logrouter.wire import forward_entries
+from logrouter.wire import forward_entries, forward_offload
 from logrouter.wire.forward_entries import BOMB_MIN_INVALID, BOMB_RATIO, EntryBombError, EntryTally, collect_events
 
 NOW_NS = 1_700_000_000_000_000_000
@@ -200,14 +200,14 @@ def test_each_step_of_a_deferred_message_looks_at_a_bounded_amount(how, monkeypa
     # 40k entries of ~130 bytes: ~5 MiB inflated, read twice (the first pass, then the
     # build); no step takes more than a MiB of it, so a scheduler gets a turn that often.
     inflated = [0]
-    pieces = ff._inflated_pieces
+    pieces = forward_offload.inflated_pieces
 
     def counted(*args, **kwargs):
         for piece in pieces(*args, **kwargs):
             inflated[0] += len(piece)
             yield piece
 
-    monkeypatch.setattr(ff, "_inflated_pieces", counted)
+    monkeypatch.setattr(forward_offload, "inflated_pieces", counted)
     entry = msgpack.packb([T0, {"message": "m" * 120}])
     message = deferred(packed(entry * 40_000, how))
     inflated[0] = 0  # feed may have inflated offload_bytes of it, to find it big

@@ -27,8 +27,9 @@ from twisted.python.failure import Failure
 
 from fixtures.pki import make_pki
 from logrouter.batch import Batch
-from logrouter.sinks import fluent_forward as sink_module
 from logrouter.sinks.fluent_forward import FluentForwardSink
+from logrouter.sinks.forward_client import ClientFactory
+from logrouter.sinks.forward_heartbeats import TcpHeartbeatProbe
 from logrouter.tls import client_tls_options
 from logrouter.sinks.state import SinkState
 from logrouter.wire.fluent_client import chunk_id, pack_entries
@@ -183,12 +184,12 @@ class Harness:
         """(host, port, factory) of every forward connection attempt (not heartbeats), in order."""
         attempts = [(h, p, f) for h, p, f, *_ in self.reactor.tcpClients]
         attempts += [(h, p, f) for h, p, f, *_ in self.reactor.sslClients]
-        return [(h, p, f) for h, p, f in attempts if isinstance(f, sink_module._ClientFactory)]
+        return [(h, p, f) for h, p, f in attempts if isinstance(f, ClientFactory)]
 
     def probes(self) -> list[tuple[str, int, Any]]:
         attempts = [(h, p, f) for h, p, f, *_ in self.reactor.tcpClients]
         attempts += [(h, p, f) for h, p, f, *_ in self.reactor.sslClients]
-        return [(h, p, f) for h, p, f in attempts if isinstance(f, sink_module._TcpHeartbeatProbe)]
+        return [(h, p, f) for h, p, f in attempts if isinstance(f, TcpHeartbeatProbe)]
 
     def accept(self, index: int = -1, security: Security | None = None) -> FakeServer:
         """Complete connection attempt ``index``: a FakeServer for its server end."""

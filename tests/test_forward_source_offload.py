@@ -28,7 +28,7 @@ from twisted.python.failure import Failure
 
 from logrouter.sources.fluent_forward import part_key
 from logrouter.sources.offload import IteratorRun, OffloadPool
-from logrouter.wire.fluent_forward import encode_forward, encode_packed_forward
+from fixtures.forward_encode import encode_forward, encode_packed_forward
 from source_fakes import T0, FakePort, log_lines  # noqa: F401  (log_lines is a fixture)
 from test_forward_source_protocol import connect, make_source, take
 

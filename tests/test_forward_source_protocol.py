@@ -24,7 +24,7 @@ from source_fakes import T0, Conn, FakePort, FakeRouter, log_lines  # noqa: F401
 from logrouter.sources.fluent_forward import FluentForwardSource, HeartbeatProtocol
 from logrouter.tls import VERIFY_ERROR_ATTRIBUTE
 from logrouter.wire import fluent_handshake as hs
-from logrouter.wire.fluent_forward import encode_event_time, encode_packed_forward
+from fixtures.forward_encode import encode_event_time, encode_packed_forward
 
 NS = 1_000_000_000
 PEER = IPv4Address("TCP", "10.1.2.3", 40000)

@@ -21,7 +21,7 @@ import zstandard
 from daemon import Daemon
 from logrouter.lake.dataset import lake_dataset
 from logrouter.wire import fluent_handshake as hs
-from logrouter.wire.fluent_forward import encode_event_time
+from fixtures.forward_encode import encode_event_time
 
 T0 = 1_700_000_000
 NS = 1_000_000_000

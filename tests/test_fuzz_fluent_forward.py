@@ -31,7 +31,9 @@ from hypothesis import strategies as st
 
 from logrouter.batch import Batch
 from logrouter.spool.record import encode_batch
+from fixtures import forward_encode as fe
 from logrouter.wire import fluent_forward as ff
+from logrouter.wire.forward_entries import NANOS_PER_SECOND
 
 NOW_NS = 1_700_000_000_000_000_000
 MAX_SECONDS_PER_INPUT = 10.0  # generous: a shared 2-core box; a pathological input takes far longer
@@ -70,7 +72,7 @@ def outcome(frames: list, reason: str | None = None, check_parts: bool = False) 
             # What the router does with it: every decoded message can be stored and acked.
             encode_batch(Batch(frame.tag, frame.events, "fwd"), None if frame.chunk is None else ("fwd", frame.chunk))
             if frame.chunk is not None:
-                assert ff.decode_ack(ff.encode_ack(frame.chunk)) == frame.chunk
+                assert fe.decode_ack(ff.encode_ack(frame.chunk)) == frame.chunk
         out.append(frame)
     return out + ([("error", reason)] if reason else [])
 
@@ -206,7 +208,7 @@ def packed_message(draw: Any) -> bytes:
 def encoder_message(draw: Any) -> bytes:
     """A message written by the module's own encoders (times they can encode)."""
     events = draw(
-        st.lists(st.tuples(st.integers(0, (2**32 - 1) * ff.NANOS_PER_SECOND), st.dictionaries(st.text(max_size=5), scalars, max_size=3)), max_size=5)
+        st.lists(st.tuples(st.integers(0, (2**32 - 1) * NANOS_PER_SECOND), st.dictionaries(st.text(max_size=5), scalars, max_size=3)), max_size=5)
     )
     tag = draw(st.text(max_size=10))
     opts = draw(st.none() | st.fixed_dictionaries({"chunk": st.text(max_size=10)}))
@@ -214,11 +216,11 @@ def encoder_message(draw: Any) -> bytes:
     kind = draw(st.sampled_from(["message", "forward", "packed", "gzip", "zstd"]))
     if kind == "message":
         time_ns, record = events[0] if events else (0, {})
-        return ff.encode_message(tag, time_ns, record, opts, time_as_integer=as_int)
+        return fe.encode_message(tag, time_ns, record, opts, time_as_integer=as_int)
     if kind == "forward":
-        return ff.encode_forward(tag, events, opts, time_as_integer=as_int)
+        return fe.encode_forward(tag, events, opts, time_as_integer=as_int)
     compressed = None if kind == "packed" else kind
-    return ff.encode_packed_forward(
+    return fe.encode_packed_forward(
         tag, events, opts, compressed, time_as_integer=as_int, blob_as_bin=draw(st.booleans())
     )
 

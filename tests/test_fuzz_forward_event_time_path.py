@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from fuzz_helpers import fuzz_settings
-from logrouter.wire import fluent_forward as ff
+from logrouter.wire import forward_packed as fp
 
 NOW = 1_700_000_000_123_456_789
 
@@ -64,9 +64,9 @@ def _decode(blob: bytes, skip: tuple[str, ...] = ()):
     try:
         with contextlib.ExitStack() as patches:
             for name in skip:
-                patches.enter_context(mock.patch.object(ff, name, _none))
-            return ff._packed_events(blob, lambda: NOW)
-    except ff.ForwardDecodeError as e:
+                patches.enter_context(mock.patch.object(fp, name, _none))
+            return fp.packed_events(blob, lambda: NOW)
+    except fp.ForwardDecodeError as e:
         return ("error", str(e))
 
 
@@ -86,18 +86,18 @@ def test_the_fast_paths_equal_the_general_path(listed, cut) -> None:
 
 def test_the_whole_blob_path_takes_the_usual_blob() -> None:
     blob = b"".join(_pack((event_time(1_700_000_000 + i, i), {"i": i, "msg": "x" * i})) for i in range(50))
-    events, invalid = ff._whole_blob_entries(blob, lambda: NOW)
+    events, invalid = fp._whole_blob_entries(blob, lambda: NOW)
     assert invalid == 0
     assert events == [((1_700_000_000 + i) * 10**9 + i, {"i": i, "msg": "x" * i}) for i in range(50)]
-    assert ff._whole_blob_entries(b"", lambda: NOW) == ([], 0)
+    assert fp._whole_blob_entries(b"", lambda: NOW) == ([], 0)
     # time 0 is "now", one clock reading for the whole blob
     clock = mock.Mock(return_value=NOW)
-    events, _ = ff._whole_blob_entries(_pack((event_time(0), {})) * 3, clock)
+    events, _ = fp._whole_blob_entries(_pack((event_time(0), {})) * 3, clock)
     assert [t for t, _ in events] == [NOW] * 3 and clock.call_count == 1
     # a key given twice: the last value wins, in the first one's place (as msgpack does)
     twice = b"\x92" + msgpack.packb(event_time(5)) + b"\x83\xa1a\x01\xa1b\x02\xa1a\x03"
-    assert ff._whole_blob_entries(twice, lambda: NOW) == ([(5 * 10**9, {"a": 3, "b": 2})], 0)
-    assert list(ff._whole_blob_entries(twice, lambda: NOW)[0][0][1]) == ["a", "b"]
+    assert fp._whole_blob_entries(twice, lambda: NOW) == ([(5 * 10**9, {"a": 3, "b": 2})], 0)
+    assert list(fp._whole_blob_entries(twice, lambda: NOW)[0][0][1]) == ["a", "b"]
     assert _decode(twice) == _decode(twice, GENERAL)
 
 
@@ -113,7 +113,7 @@ def test_the_whole_blob_path_steps_aside_where_msgspec_would_differ() -> None:
         usual[:-1],  # cut short
     ]
     for blob in stepping_aside:
-        assert ff._whole_blob_entries(blob, lambda: NOW) is None, blob
+        assert fp._whole_blob_entries(blob, lambda: NOW) is None, blob
         assert _decode(blob) == _decode(blob, GENERAL)
 
 
@@ -121,7 +121,7 @@ def test_an_array_map_key_inside_a_record_is_kept_as_a_tuple() -> None:
     # msgpack's unpacker cannot hash a list: the general path refuses the message, where
     # fluentd's in_forward (Ruby) keeps the key. The whole-blob path keeps it too.
     blob = _pack((event_time(5), {"nested": {(1, 2): "v"}}))
-    assert ff._packed_events(blob, lambda: NOW) == ([(5 * 10**9, {"nested": {(1, 2): "v"}})], 0)
+    assert fp.packed_events(blob, lambda: NOW) == ([(5 * 10**9, {"nested": {(1, 2): "v"}})], 0)
     assert _decode(blob, GENERAL)[0] == "error"
 
 
@@ -129,7 +129,7 @@ def test_an_array_map_key_inside_a_record_is_kept_as_a_tuple() -> None:
 @given(st.binary(max_size=300), st.lists(st.sampled_from([b"\xff", b"\xd6\xff", b"\xd7\xff", b"\xc7\x0c\xff", b"\x0c\xff"]), max_size=80))
 def test_the_timestamp_probe_misses_no_timestamp_head(noise, pieces) -> None:
     blob = noise + b"".join(pieces)
-    holds = any(head in blob for head in ff._TIMESTAMP_HEADS)
-    assert ff._may_hold_timestamp(blob) or not holds
+    holds = any(head in blob for head in fp._TIMESTAMP_HEADS)
+    assert fp._may_hold_timestamp(blob) or not holds
     if not any(byte == 0xFF for byte in blob[1:]):
-        assert not ff._may_hold_timestamp(blob)
+        assert not fp._may_hold_timestamp(blob)

@@ -25,7 +25,7 @@ import urllib.request
 
 
 from daemon import Daemon
-from logrouter.wire.fluent_forward import encode_packed_forward
+from fixtures.forward_encode import encode_packed_forward
 from test_interop_fluent_node import INTEROP, NODE, require
 
 T0 = 1_700_000_000 * 10**9

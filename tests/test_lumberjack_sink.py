@@ -21,7 +21,8 @@ from fixtures.pki import make_pki
 from logrouter.tls import client_tls_options
 from logrouter.batch import Batch
 from logrouter.config.load import ConfigError, load_string
-from logrouter.sinks.lumberjack import LumberjackSink, event_json, parse_host, rfc3339
+from logrouter.sinks.lumberjack import LumberjackSink, parse_host
+from logrouter.sinks.lumberjack_json import event_json, rfc3339
 from logrouter.sinks.state import SinkState
 from logrouter.wire import lumberjack as lj
 

@@ -14,7 +14,7 @@ from twisted.internet import defer
 from twisted.internet.task import Clock
 
 from logrouter.sources.offload import IteratorRun, OffloadPool
-from logrouter.wire.fluent_forward import encode_packed_forward
+from fixtures.forward_encode import encode_packed_forward
 from source_fakes import T0, log_lines  # noqa: F401  (log_lines is a fixture)
 from test_forward_source_offload import OTHER, StepPool, events, finish_work, offload_source, seqs
 from test_forward_source_protocol import connect, take

@@ -25,7 +25,9 @@ from logrouter.sinks.base import SINK_OPTIONS, SinkBase
 from logrouter.sources.fluent_forward import FluentForwardSource
 from logrouter.spool.log import SpoolLog
 from logrouter.spool.record import FORWARD_ENTRIES, decode_batch, decode_key, encode_batch
+from fixtures.forward_encode import encode_forward
 from logrouter.wire import fluent_forward as wire
+from logrouter.wire import forward_entries, forward_framing, forward_packed
 
 NS = 1_000_000_000
 T0 = 1_700_000_000
@@ -105,7 +107,7 @@ def test_without_time_zero_entries_no_clock_reading_is_stored():
 
 
 def test_other_carrier_modes_carry_nothing_packed_and_are_stored_as_version_2():
-    forward = wire.encode_forward("t", [(T0 * NS, {"a": 1})])
+    forward = encode_forward("t", [(T0 * NS, {"a": 1})])
     (message,) = wire.ForwardDecoder().feed(forward)
     assert message.packed is None
     payload = encode_batch(Batch(message.tag, message.events, "fwd", packed=stored(message)))
@@ -300,22 +302,22 @@ def test_event_time_entries_read_their_times_from_the_bytes_like_the_general_pat
         [event_time(0xFFFFFFFF, 999_999_999), {"max": True}],
     ]
     blob = b"".join(msgpack.packb(e, use_bin_type=True) for e in entries)
-    usual = wire._event_time_entries(blob, lambda: NOW_NS)
+    usual = forward_packed._event_time_entries(blob, lambda: NOW_NS)
     assert usual is not None
-    unpacker = wire._new_unpacker(len(blob) + 1)
+    unpacker = forward_entries.new_unpacker(len(blob) + 1)
     unpacker.feed(blob)
-    assert usual == wire.collect_events(unpacker, lambda: NOW_NS)
+    assert usual == forward_entries.collect_events(unpacker, lambda: NOW_NS)
     assert usual[0][1] == (NOW_NS, {"zero": "now"})
     assert type(usual[0][2][1]["bin"]["seen"]) is wire.EventNanos
     # any other shape, or a cut, is left to the general path
-    assert wire._event_time_entries(blob + msgpack.packb([T0, {"a": 1}]), lambda: 0) is None
-    assert wire._event_time_entries(blob + msgpack.packb([event_time(T0), "no map"]), lambda: 0) is None
-    assert wire._event_time_entries(blob[:-1], lambda: 0) is None
-    assert wire._event_time_entries(blob + b"\x92\xd7\x00\x01", lambda: 0) is None
+    assert forward_packed._event_time_entries(blob + msgpack.packb([T0, {"a": 1}]), lambda: 0) is None
+    assert forward_packed._event_time_entries(blob + msgpack.packb([event_time(T0), "no map"]), lambda: 0) is None
+    assert forward_packed._event_time_entries(blob[:-1], lambda: 0) is None
+    assert forward_packed._event_time_entries(blob + b"\x92\xd7\x00\x01", lambda: 0) is None
 
 
 def test_the_scanner_stands_down_for_a_long_message_and_starts_again_after_it(monkeypatch):
-    monkeypatch.setattr(wire, "_SCAN_BYTES", 64)
+    monkeypatch.setattr(forward_framing, "_SCAN_BYTES", 64)
     small = blob_message(b"\xa1t", 0xDB, msgpack.packb([event_time(T0), {"a": 1}]))
     big_entries = b"".join(msgpack.packb([event_time(T0, i), {"i": i, "pad": "x" * 20}]) for i in range(20))
     big = blob_message(b"\xa1t", 0xDB, big_entries)

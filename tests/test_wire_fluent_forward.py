@@ -30,13 +30,9 @@ from logrouter.wire.fluent_forward import (
     ForwardDecodeError,
     ForwardDecoder,
     Heartbeat,
-    decode_ack,
     encode_ack,
-    encode_event_time,
-    encode_forward,
-    encode_message,
-    encode_packed_forward,
 )
+from fixtures.forward_encode import decode_ack, encode_event_time, encode_forward, encode_message, encode_packed_forward
 
 NS = 1_000_000_000
 NOW_NS = 1_700_000_000_123_456_789
@@ -845,10 +841,10 @@ def test_gzip_pieces_keep_their_256_kib_input_slices():
     # (part dedupe keys), whatever the shared inflate's default.
     import os
 
-    from logrouter.wire import fluent_forward as ff
+    from logrouter.wire import forward_packed
 
     data = os.urandom(1 << 20)
-    pieces = list(ff._gunzip_pieces(gzip.compress(data, 0), 1 << 21, 1 << 20))
+    pieces = list(forward_packed._gunzip_pieces(gzip.compress(data, 0), 1 << 21, 1 << 20))
     assert b"".join(pieces) == data
     assert 64 << 10 < max(map(len, pieces)) <= 256 << 10
 

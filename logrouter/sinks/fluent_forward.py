@@ -60,7 +60,10 @@ as a client: HELO in, PING out (``self_hostname``, salt, digest, and ``username`
 ``password`` when the server asks), PONG checked (auth result, the server's digest, and
 a server answering with our own hostname is refused, as out_forward does).
 
-Every timer runs on the injected reactor, so tests drive the sink with ``task.Clock``,
+The lifecycle (start, ticks, failure, stop and drain, saving the cursor) is
+``ForwardingSink``'s; the servers' state and weighted choice are in ``forward_servers``,
+one connection in ``forward_client``, heartbeats in ``forward_heartbeats``. Every timer
+runs on the injected reactor, so tests drive the sink with ``task.Clock``,
 ``MemoryReactor`` and ``StringTransport``. Encoding (msgpack, gzip) is done on the
 reactor thread per record; the state file (``{"cursor", "spool_id"}``) is saved in a
 thread at most about once a second and on stop.
@@ -73,97 +76,29 @@ import os
 import socket
 from typing import Any
 
-from twisted.internet import defer, task
-from twisted.internet.abstract import isIPAddress, isIPv6Address
 from twisted.python.failure import Failure
 
 from logrouter import registry, tls
 from logrouter.batch import Batch
-from logrouter.config.options import Option, Problems, non_negative, one_of, positive
-from logrouter.serial import defer_to_thread
-from logrouter.sinks.base import SINK_OPTIONS, SinkBase
-from logrouter.sinks.state import CursorSaver
-from logrouter.sinks.forward_client import (  # noqa: F401 - tests reach the factories through this module
-    ForwardClient,
-    Server,
-    _Chunk,
-    _ClientFactory,
-    _Record,
-    _TcpHeartbeatProbe,
-    _UdpHeartbeat,
-)
+from logrouter.config.options import Option, non_negative, one_of, positive
+from logrouter.sinks.base import SINK_OPTIONS
+from logrouter.sinks.forward_client import Chunk, ChunkRecord, ClientSettings, ForwardClient, connect
+from logrouter.sinks.forward_heartbeats import HeartbeatProber
+from logrouter.sinks.forward_servers import Server, check_servers, choose, in_use
+from logrouter.sinks.forwarding import STATE_SAVE_SECS, ForwardingSink
 from logrouter.wire import fluent_client as wire
 
-DEFAULT_PORT = 24224
-DEFAULT_WEIGHT = 60  # out_forward's default
-SERVER_KEYS = ("host", "port", "weight", "standby")
 HEARTBEAT_TYPES = ("tcp", "udp", "none")
-STATE_SAVE_SECS = 1.0
 
 
 class NoServerAvailable(Exception):
     """Every configured server is down."""
 
 
-# -- config ------------------------------------------------------------------------------
-
-
-def _describe(value: Any) -> str:
-    names = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array", dict: "table"}
-    return f"{names.get(type(value), type(value).__name__)} {value!r}"
-
-
-def server_problems(value: list[Any]) -> list[str]:
-    """Every problem of a ``servers`` array, each starting with its path (``[1].port: …``)."""
-    problems: list[str] = []
-    if not value:
-        return ['must list at least one server, e.g. [{ host = "127.0.0.1", port = 24224 }]']
-    seen: dict[tuple[str, int], int] = {}
-    for i, item in enumerate(value):
-        where = f"[{i}]"
-        if not isinstance(item, dict):
-            shape = "{ host = …, port = …, weight = …, standby = … }"
-            problems.append(f"{where}: must be a table {shape}, got {_describe(item)}")
-            continue
-        for key in item:
-            if key not in SERVER_KEYS:
-                problems.append(f"{where}.{key}: unknown key (allowed: {', '.join(sorted(SERVER_KEYS))})")
-        host = item.get("host")
-        if host is None:
-            problems.append(f"{where}.host: required key is missing")
-        elif not isinstance(host, str) or not host or any(c.isspace() for c in host):
-            problems.append(f"{where}.host: must be a host name or IP address, got {_describe(host)}")
-        port = item.get("port", DEFAULT_PORT)
-        if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-            problems.append(f"{where}.port: must be an integer from 1 to 65535, got {_describe(port)}")
-        weight = item.get("weight", DEFAULT_WEIGHT)
-        if isinstance(weight, bool) or not isinstance(weight, int) or weight < 1:
-            problems.append(f"{where}.weight: must be an integer of 1 or more, got {_describe(weight)}")
-        standby = item.get("standby", False)
-        if not isinstance(standby, bool):
-            problems.append(f"{where}.standby: must be a boolean, got {_describe(standby)}")
-        if isinstance(host, str) and isinstance(port, int):
-            first = seen.setdefault((host, port), i)
-            if first != i:
-                problems.append(f"{where}: {host}:{port} is already listed as [{first}]")
-    if not problems and all(item.get("standby", False) for item in value):
-        problems.append("every server is a standby: at least one must have standby = false")
-    return problems
-
-
-def _check_servers(value: list[Any]) -> None:
-    problems = server_problems(value)
-    if problems:
-        raise Problems(problems)
-
-
-
-
-# -- the sink ----------------------------------------------------------------------------
-
-
 @registry.sink("fluent_forward")
-class FluentForwardSink(SinkBase):
+class FluentForwardSink(ForwardingSink):
+    HEARTBEAT_AT_START = True
+    RESENT = "resent (same chunk ids)"
     COUNTERS = {
         "chunks_sent": "forward messages written to a server, resends included",
         "chunks_acked": "forward messages a server acknowledged",
@@ -174,7 +109,7 @@ class FluentForwardSink(SinkBase):
         "unknown_acks": "acks for no message in flight",
     }
     OPTIONS = {
-        "servers": Option(list, doc="array of `{ host, port = 24224, weight = 60, standby = false }`; at least one must not be a standby", check=_check_servers),
+        "servers": Option(list, doc="array of `{ host, port = 24224, weight = 60, standby = false }`; at least one must not be a standby", check=check_servers),
         "require_ack_response": Option(bool, True, "ask for and wait for `{\"ack\": chunk}` before a record counts as done"),
         "ack_response_timeout_secs": Option(
             (int, float), 60, "a server silent this long on its oldest unacked message is marked down and its messages are resent "
@@ -211,36 +146,27 @@ class FluentForwardSink(SinkBase):
 
     def __init__(self, name: str, options: dict[str, Any], errors: Any, reactor: Any) -> None:
         super().__init__(name, options, errors, reactor)
-        self.servers = [
-            Server(s["host"], s.get("port", DEFAULT_PORT), s.get("weight", DEFAULT_WEIGHT), s.get("standby", False))
-            for s in options["servers"]
-        ]
+        self.servers = [Server.from_option(s) for s in options["servers"]]
         self.ack = bool(options["require_ack_response"])
         self.use_tls = bool(options["tls"])
         self.self_hostname = options["self_hostname"] or socket.gethostname()
         if self.use_tls:
             for server in self.servers:
                 server.tls_options = tls.client_tls_options(server.host, options)
+        self.client_settings = ClientSettings(
+            self.use_tls, options["shared_key"], self.self_hostname, options["username"], options["password"]
+        )
+        self.prober = HeartbeatProber(
+            self, self.servers, reactor, options["heartbeat_type"], float(options["heartbeat_interval_secs"]), self.use_tls
+        )
         self.spool_id = b""
-        self.records: collections.deque[_Record] = collections.deque()
-        self.queue: collections.deque[_Chunk] = collections.deque()
+        self.records: collections.deque[ChunkRecord] = collections.deque()
+        self.queue: collections.deque[Chunk] = collections.deque()
         self.inflight_bytes = 0
         self.fed_end = 0
-        self.started = False
-        self.stopping = False
-        self.stopped = False  # drained and closed: nothing is sent any more
         self._seq = 0
         self._pumping = False
         self._pump_again = False
-        self._drain_waiters: list[defer.Deferred] = []
-        self.saver = CursorSaver(
-            self, STATE_SAVE_SECS, lambda: {"spool_id": self.spool_id.decode("ascii")} if self.spool_id else None
-        )
-        self.ticker = task.LoopingCall(self._tick)
-        self.ticker.clock = reactor
-        self.heartbeats = task.LoopingCall(self._heartbeat)
-        self.heartbeats.clock = reactor
-        self.udp_port: Any = None
         # counters
         self.chunks_sent = 0
         self.chunks_acked = 0
@@ -251,40 +177,7 @@ class FluentForwardSink(SinkBase):
         self.ack_timeouts = 0
         self.server_downs = 0
 
-    # Blocking calls (the state file's fsync) run here; tests replace it with a direct call.
-    run_blocking = staticmethod(defer_to_thread)
-
-    # -- lifecycle -----------------------------------------------------------------------
-
-    def start(self) -> defer.Deferred:
-        d = self.run_blocking(self._load_state)
-
-        def started(cursor: int) -> int:
-            self.cursor = self.fed_end = cursor
-            self.saver.loaded(cursor)
-            self.started = True
-            self.ticker.start(self._tick_secs(), now=False)
-            if self.options["heartbeat_type"] == "udp":
-                self.udp_port = self.reactor.listenUDP(0, _UdpHeartbeat(self))
-            if self.options["heartbeat_type"] != "none":
-                self.heartbeats.start(float(self.options["heartbeat_interval_secs"]), now=True)
-            self.log.info(
-                "fluent_forward sink {name}: forwarding to {servers} (acks {acks}, tls {tls}, handshake {handshake}, "
-                "compress {compress}); resuming from spool position {cursor}",
-                name=self.name,
-                servers=", ".join(s.label + (" (standby)" if s.standby else "") for s in self.servers),
-                acks="on" if self.ack else "off",
-                tls="on" if self.use_tls else "off",
-                handshake="on" if self.options["shared_key"] else "off",
-                compress=self.options["compress"],
-                cursor=cursor,
-            )
-            return cursor
-
-        return d.addCallback(started)
-
-    def _tick_secs(self) -> float:
-        return min(STATE_SAVE_SECS, float(self.options["ack_response_timeout_secs"]) / 4)
+    # -- lifecycle (the steps ForwardingSink leaves to the protocol) ----------------------
 
     def _load_state(self) -> int:
         """The cursor to resume from; the spool id is created (and saved) on the first start."""
@@ -299,58 +192,50 @@ class FluentForwardSink(SinkBase):
         self.spool_id = spool_id.encode("ascii")
         return cursor
 
-    def stop(self) -> defer.Deferred:
-        self.stopping = True
-        self.cancel_retry()
+    def _state_extra(self) -> dict[str, Any] | None:
+        return {"spool_id": self.spool_id.decode("ascii")} if self.spool_id else None
+
+    def _resume(self, cursor: int) -> int:
+        self.fed_end = cursor
+        self.prober.open()
+        return cursor
+
+    def _tick_secs(self) -> float:
+        return min(STATE_SAVE_SECS, float(self.options["ack_response_timeout_secs"]) / 4)
+
+    def _heartbeat_secs(self) -> float | None:
+        return None if self.options["heartbeat_type"] == "none" else float(self.options["heartbeat_interval_secs"])
+
+    def _log_started(self, cursor: int) -> None:
+        self.log.info(
+            "fluent_forward sink {name}: forwarding to {servers} (acks {acks}, tls {tls}, handshake {handshake}, "
+            "compress {compress}); resuming from spool position {cursor}",
+            name=self.name,
+            servers=", ".join(s.label + (" (standby)" if s.standby else "") for s in self.servers),
+            acks="on" if self.ack else "off",
+            tls="on" if self.use_tls else "off",
+            handshake="on" if self.options["shared_key"] else "off",
+            compress=self.options["compress"],
+            cursor=cursor,
+        )
+
+    def _stop_begins(self) -> None:
         if self.heartbeats.running:
             self.heartbeats.stop()
-        d = self._drained()
-        timeout = float(self.options["drain_timeout_secs"])
-        timer = self.reactor.callLater(timeout, self._drain_timed_out, d) if not d.called else None
 
-        def drained(_: Any) -> defer.Deferred:
-            self.stopped = True
-            self.cancel_retry()  # a failure while draining must not schedule work after the stop
-            if timer is not None and timer.active():
-                timer.cancel()
-            if self.ticker.running:
-                self.ticker.stop()
-            for server in self.servers:
-                if server.connection is not None:
-                    server.connection.close()
-            if self.udp_port is not None:
-                port, self.udp_port = self.udp_port, None
-                port.stopListening()
-            return self._save(force=True)
+    def _drained(self) -> bool:
+        return not self.queue and not self.inflight_bytes
 
-        return d.addCallback(drained)
-
-    def _drained(self) -> defer.Deferred:
-        d: defer.Deferred = defer.Deferred()
-        self._drain_waiters.append(d)
-        self._check_drained()
-        return d
-
-    def _check_drained(self) -> None:
-        if self._drain_waiters and (self.failing or not self.started or (not self.queue and not self.inflight_bytes)):
-            waiters, self._drain_waiters = self._drain_waiters, []
-            for d in waiters:
-                d.callback(None)
-
-    def _drain_timed_out(self, d: defer.Deferred) -> None:
-        if d.called:
-            return
+    def _undrained(self) -> str:
         unacked = len(self.queue) + sum(len(s.connection.inflight) for s in self.servers if s.connection)
-        self.log.warn(
-            "fluent_forward sink {name}: stopping with {count} chunk(s) not acked after {secs:g}s; "
-            "they stay in the spool and are resent (same chunk ids) on the next start",
-            name=self.name,
-            count=unacked,
-            secs=float(self.options["drain_timeout_secs"]),
-        )
-        if d in self._drain_waiters:
-            self._drain_waiters.remove(d)
-        d.callback(None)
+        return f"{unacked} chunk(s) not acked"
+
+    def _close_output(self, saved: Any) -> Any:
+        for server in self.servers:
+            if server.connection is not None:
+                server.connection.close()
+        self.prober.close()
+        return saved
 
     # -- fed by the router ---------------------------------------------------------------
 
@@ -368,18 +253,18 @@ class FluentForwardSink(SinkBase):
             data = wire.encode_chunk(batch.tag, entries, count, chunk_id, compress, level)
             self._seq += 1
             record.pending += 1
-            self.queue.append(_Chunk(self._seq, record, chunk_id, data, count))
+            self.queue.append(Chunk(self._seq, record, chunk_id, data, count))
             self.queued_bytes += len(data)
         self._pump()
 
-    def _record_at(self, position: int) -> _Record:
+    def _record_at(self, position: int) -> ChunkRecord:
         if self.records:
             last = self.records[-1]
             if last.position == position and last.end is None:
                 return last
             if last.end is None:
                 last.end = position  # advance() was not called between records
-        record = _Record(position)
+        record = ChunkRecord(position)
         self.records.append(record)
         return record
 
@@ -407,24 +292,26 @@ class FluentForwardSink(SinkBase):
         for server in self.servers:
             server.down = False
             server.missed = 0
-        self.records.clear()
+        self._drop()
+
+    def _drop(self) -> None:
         self.queue.clear()
+        self.records.clear()
+        self.inflight_bytes = 0
         self.fed_end = self.cursor
+
+    def _drop_connections(self) -> None:
+        for server in self.servers:
+            client, server.connection = server.connection, None
+            if client is not None:
+                client.abort()
 
     # -- sending -------------------------------------------------------------------------
 
     def _tier(self) -> list[Server]:
-        """The servers to send to: live primaries, or live standbys when no primary is."""
-        now = self.reactor.seconds()
-        retry_down = self.options["heartbeat_type"] == "none"
-        live = []
-        for server in self.servers:
-            if server.down and retry_down and now - server.down_at >= self.options["recover_wait_secs"]:
-                server.down = False  # no heartbeats: trust it again after recover_wait and try
-            if not server.down:
-                live.append(server)
-        primaries = [s for s in live if not s.standby]
-        return primaries or live
+        # Without heartbeats a down server is trusted again after recover_wait and tried.
+        retry_down = self.options["recover_wait_secs"] if self.options["heartbeat_type"] == "none" else None
+        return in_use(self.servers, self.reactor.seconds(), retry_down)
 
     def _pump(self) -> None:
         """Send what the window allows; connect to the servers that should be in use."""
@@ -462,7 +349,7 @@ class FluentForwardSink(SinkBase):
             chunk = self.queue[0]
             if self.ack and self.inflight_bytes and self.inflight_bytes + len(chunk.data) > limit:
                 break
-            server = self._choose(ready)
+            server = choose(ready)
             assert server.connection is not None
             self.queue.popleft()
             server.chunks_sent += 1
@@ -477,36 +364,14 @@ class FluentForwardSink(SinkBase):
             if not server.connection.can_send:
                 ready.remove(server)
 
-    @staticmethod
-    def _choose(servers: list[Server]) -> Server:
-        """Smooth weighted round-robin (nginx's): exact shares, evenly interleaved."""
-        total = 0
-        best: Server | None = None
-        for server in servers:
-            server.current += server.weight
-            total += server.weight
-            if best is None or server.current > best.current:
-                best = server
-        assert best is not None
-        best.current -= total
-        return best
-
     def _connect(self, server: Server) -> None:
-        client = ForwardClient(self, server, self.epoch)
-        server.connection = client
-        factory = _ClientFactory(client)
         timeout = float(self.options["connect_timeout_secs"])
-        if self.use_tls:
-            client.connector = self.reactor.connectSSL(
-                server.host, server.port, factory, server.tls_options, timeout=timeout
-            )
-        else:
-            client.connector = self.reactor.connectTCP(server.host, server.port, factory, timeout=timeout)
-        client.start_timeout(timeout)
+        server.connection = connect(self, self.client_settings, server, self.epoch, timeout)
 
-    # -- what connections report ---------------------------------------------------------
+    # -- what connections report (ClientOwner) ------------------------------------------
 
-    def _connection_ready(self, client: ForwardClient) -> None:
+    def connection_ready(self, client: ForwardClient) -> None:
+        """``client`` is connected (TLS and handshake done): send on it."""
         if client.epoch != self.epoch:
             client.abort()
             return
@@ -523,7 +388,8 @@ class FluentForwardSink(SinkBase):
             )
         self._pump()
 
-    def _acked(self, client: ForwardClient, chunks: list[_Chunk]) -> None:
+    def acked(self, client: ForwardClient, chunks: list[Chunk]) -> None:
+        """The server acked ``chunks`` (before any failure of the same read)."""
         if client.epoch != self.epoch:
             return
         for chunk in chunks:
@@ -532,7 +398,7 @@ class FluentForwardSink(SinkBase):
         self._done(chunks)
         self._pump()
 
-    def _done(self, chunks: list[_Chunk]) -> None:
+    def _done(self, chunks: list[Chunk]) -> None:
         """Chunks acked (or written, without acks): free them, maybe move the cursor."""
         for chunk in chunks:
             self.queued_bytes -= len(chunk.data)
@@ -545,7 +411,8 @@ class FluentForwardSink(SinkBase):
         self._check_drained()
         self.on_progress()
 
-    def _connection_lost(self, client: ForwardClient) -> None:
+    def connection_lost(self, client: ForwardClient) -> None:
+        """``client`` is closed or never connected; ``failed_reason`` says whether it failed."""
         server = client.server
         if server.connection is client:
             server.connection = None
@@ -558,6 +425,10 @@ class FluentForwardSink(SinkBase):
         if not self.stopping or self.queue:
             self._pump()
         self._check_drained()
+
+    def sending_resumed(self) -> None:
+        """A transport's buffer drained: send what waits."""
+        self._pump()
 
     def _requeue(self, client: ForwardClient) -> None:
         chunks = list(client.inflight.values())
@@ -586,24 +457,12 @@ class FluentForwardSink(SinkBase):
     def _give_up(self) -> None:
         """No server is left: drop everything, back off, then replay from the cursor."""
         reasons = "; ".join(f"{s.label}: {s.down_reason or 'down'}" for s in self.servers)
-        clients = [s.connection for s in self.servers if s.connection is not None]
-        for server in self.servers:
-            server.connection = None
-        # fail() bumps the epoch first, so whatever these connections still report is ignored.
-        self.fail(Failure(NoServerAvailable(f"no server available ({reasons})")))
-        for client in clients:
-            client.abort()
-        self.queue.clear()
-        self.records.clear()
-        self.inflight_bytes = 0
-        self.fed_end = self.cursor
-        self._check_drained()
-        self.on_progress()
+        self._fail_and_drop(Failure(NoServerAvailable(f"no server available ({reasons})")))
 
     # -- timers --------------------------------------------------------------------------
 
-    def _tick(self) -> None:
-        """Ack timeouts, and saving the cursor (at most about once a second)."""
+    def _on_tick(self) -> None:
+        """Ack timeouts (the cursor is saved after this, at most about once a second)."""
         now = self.reactor.seconds()
         timeout = float(self.options["ack_response_timeout_secs"])
         for server in self.servers:
@@ -612,60 +471,14 @@ class FluentForwardSink(SinkBase):
             if oldest is not None and now - oldest.sent_at >= timeout:
                 self.ack_timeouts += 1
                 client.fail(f"no ack within {timeout:g}s ({len(client.inflight)} chunk(s) unacked)")
-        self._save()
-
-    def _save(self, force: bool = False) -> defer.Deferred:
-        return self.saver.save(force)
 
     def _heartbeat(self) -> None:
-        kind = self.options["heartbeat_type"]
-        interval = float(self.options["heartbeat_interval_secs"])
-        for server in self.servers:
-            probe = server.probe
-            if probe is not None:
-                server.probe = None
-                probe.give_up()  # no answer within one interval: missed
-            if server.heartbeat_pending:  # UDP
-                server.heartbeat_pending = False
-                self._heartbeat_missed(server)
-            if self.stopped:
-                return
-            if kind == "tcp":
-                probe = server.probe = _TcpHeartbeatProbe(self, server, self.use_tls)
-                if self.use_tls:
-                    probe.connector = self.reactor.connectSSL(
-                        server.host, server.port, probe, server.tls_options, timeout=interval
-                    )
-                else:
-                    probe.connector = self.reactor.connectTCP(server.host, server.port, probe, timeout=interval)
-            else:
-                server.heartbeat_pending = True
-                self._send_udp_heartbeat(server)
+        self.prober.probe()
 
-    def _send_udp_heartbeat(self, server: Server) -> None:
-        if isIPAddress(server.host) or isIPv6Address(server.host):
-            self._udp_send(server, server.host)
-            return
-        d = self.reactor.resolve(server.host)
-        d.addCallbacks(lambda ip: self._udp_send(server, ip), lambda _: None)  # unresolved: counted as missed
+    # -- what heartbeats report (HeartbeatOwner) ------------------------------------------
 
-    def _udp_send(self, server: Server, ip: str) -> None:
-        if self.udp_port is None:
-            return
-        server.udp_address = (ip, server.port)
-        try:
-            self.udp_port.write(wire.HEARTBEAT_REQUEST, server.udp_address)
-        except Exception:  # unreachable, an IPv6 address on the IPv4 socket …: the missing answer counts
-            pass
-
-    def _udp_reply(self, address: Any) -> None:
-        host, port = address[0], address[1]
-        for server in self.servers:
-            if server.udp_address == (host, port) and server.heartbeat_pending:
-                server.heartbeat_pending = False
-                self._heartbeat_answered(server)
-
-    def _heartbeat_answered(self, server: Server) -> None:
+    def heartbeat_answered(self, server: Server) -> None:
+        """``server`` answered a heartbeat: live again once it has been down long enough."""
         if server.probe is not None and server.probe.done:
             server.probe = None
         server.missed = 0
@@ -679,7 +492,8 @@ class FluentForwardSink(SinkBase):
             if self.started and not self.stopping:
                 self._pump()
 
-    def _heartbeat_missed(self, server: Server) -> None:
+    def heartbeat_missed(self, server: Server) -> None:
+        """``server`` missed a heartbeat: down after ``heartbeat_misses`` in a row."""
         if server.probe is not None and server.probe.done:
             server.probe = None
         if self.stopped:

@@ -1,15 +1,16 @@
-"""The fluent_forward sink's moving parts: its bookkeeping, one connection, heartbeats.
+"""One connection of a ``fluent_forward`` sink, and the messages it carries.
 
 ``ForwardClient`` is one connection to one server: TLS and the v1 handshake as a client,
 then PackedForward messages out and acks in, paused while the transport's buffer is full.
-``Server`` is one configured server with its state (down or live, weighted round-robin
-share, heartbeat misses); the heartbeat protocols probe servers that are down or idle.
-Policy (which server, when to resend, the cursor) stays in ``logrouter.sinks.fluent_forward``.
+It reports to its ``ClientOwner`` (the sink) through that interface's public methods;
+policy (which server, when to resend, the cursor) is the owner's. ``Chunk`` is one
+encoded message, ``ChunkRecord`` the spool record its events came from.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from twisted.internet import error, protocol
 from twisted.internet.interfaces import IHandshakeListener, IPushProducer
@@ -18,16 +19,13 @@ from zope.interface import implementer
 
 from logrouter import tls
 from logrouter.wire import fluent_client as wire
+from logrouter.sinks.forward_servers import Server
 from logrouter.wire import fluent_handshake as handshake
-
-if TYPE_CHECKING:
-    from logrouter.sinks.fluent_forward import FluentForwardSink
-
 
 # -- bookkeeping -------------------------------------------------------------------------
 
 
-class _Record:
+class ChunkRecord:
     """One spool record handed to the sink: done once ``end`` is known and no chunk is pending."""
 
     __slots__ = ("position", "end", "pending", "chunks")
@@ -39,12 +37,12 @@ class _Record:
         self.chunks = 0  # chunks made from this record so far: the next chunk's index
 
 
-class _Chunk:
+class Chunk:
     """One encoded message, in the queue or in flight on one connection."""
 
     __slots__ = ("seq", "record", "id", "data", "events", "sent_at", "sends")
 
-    def __init__(self, seq: int, record: _Record, chunk_id: bytes | None, data: bytes, events: int) -> None:
+    def __init__(self, seq: int, record: ChunkRecord, chunk_id: bytes | None, data: bytes, events: int) -> None:
         self.seq = seq
         self.record = record
         self.id = chunk_id
@@ -54,34 +52,31 @@ class _Chunk:
         self.sends = 0
 
 
-class Server:
-    """One configured server: its address and weight, whether it is down, its connection."""
+@dataclass(frozen=True)
+class ClientSettings:
+    """How every connection of a sink is set up."""
 
-    def __init__(self, host: str, port: int, weight: int, standby: bool) -> None:
-        self.host = host
-        self.port = port
-        self.weight = weight
-        self.standby = standby
-        self.label = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-        self.down = False
-        self.down_at = 0.0
-        self.down_reason = ""
-        self.connection: ForwardClient | None = None
-        self.current = 0  # smooth weighted round-robin state
-        self.announced = False  # "connected" logged since it last went down
-        self.tls_options: Any = None
-        # heartbeats
-        self.missed = 0
-        self.heartbeat_pending = False  # a UDP heartbeat is out and unanswered
-        self.probe: Any = None  # the TCP heartbeat under way
-        self.udp_address: tuple[str, int] | None = None
-        # counters
-        self.chunks_sent = 0
-        self.chunks_acked = 0
-        self.downs = 0
+    tls: bool
+    shared_key: str  # empty: no handshake
+    self_hostname: str
+    username: str
+    password: str
 
-    def __repr__(self) -> str:
-        return f"Server({self.label}{', standby' if self.standby else ''}{', down' if self.down else ''})"
+
+class ClientOwner(Protocol):
+    """What a ``ForwardClient`` reports to (the sink)."""
+
+    reactor: Any
+    unknown_acks: int
+    handshake_failures: int
+
+    def connection_ready(self, client: "ForwardClient") -> None: ...
+
+    def acked(self, client: "ForwardClient", chunks: list[Chunk]) -> None: ...
+
+    def connection_lost(self, client: "ForwardClient") -> None: ...
+
+    def sending_resumed(self) -> None: ...
 
 
 # -- one connection ----------------------------------------------------------------------
@@ -94,12 +89,13 @@ class ForwardClient(protocol.Protocol):
     States: ``connecting`` → (``tls``) → (``handshake``) → ``ready`` → ``closed``.
     """
 
-    def __init__(self, sink: "FluentForwardSink", server: Server, epoch: int) -> None:
-        self.sink = sink
+    def __init__(self, owner: ClientOwner, settings: ClientSettings, server: Server, epoch: int) -> None:
+        self.owner = owner
+        self.settings = settings
         self.server = server
         self.epoch = epoch
         self.state = "connecting"
-        self.inflight: dict[bytes, _Chunk] = {}  # in send order
+        self.inflight: dict[bytes, Chunk] = {}  # in send order
         self.inflight_bytes = 0
         self.paused = False
         self.closing = False  # we are closing it: not a failure
@@ -113,7 +109,7 @@ class ForwardClient(protocol.Protocol):
 
     def connectionMade(self) -> None:
         self.transport.registerProducer(self, True)
-        if self.sink.use_tls:
+        if self.settings.tls:
             self.state = "tls"  # wait for handshakeCompleted
         else:
             self._transport_up()
@@ -123,13 +119,13 @@ class ForwardClient(protocol.Protocol):
             self._transport_up()
 
     def _transport_up(self) -> None:
-        if self.sink.options["shared_key"]:
-            options = self.sink.options
+        settings = self.settings
+        if settings.shared_key:
             self.handshake = handshake.ClientHandshake(
-                self.sink.self_hostname,
-                options["shared_key"],
-                username=options["username"],
-                password=options["password"],
+                settings.self_hostname,
+                settings.shared_key,
+                username=settings.username,
+                password=settings.password,
             )
             self.state = "handshake"  # the server speaks first (HELO)
         else:
@@ -138,7 +134,7 @@ class ForwardClient(protocol.Protocol):
     def _ready(self) -> None:
         self.state = "ready"
         self._cancel_timeout()
-        self.sink._connection_ready(self)
+        self.owner.connection_ready(self)
 
     def dataReceived(self, data: bytes) -> None:
         if self.state == "closed" or self.failed_reason is not None:
@@ -150,7 +146,7 @@ class ForwardClient(protocol.Protocol):
             # Acks that arrived before the bad bytes still count: those chunks are not resent.
             messages = e.messages
             problem = f"bad reply from server: {e.reason}"
-        acked: list[_Chunk] = []
+        acked: list[Chunk] = []
         for message in messages:
             if self.state == "handshake":
                 if not self._handshake_step(message):
@@ -165,12 +161,12 @@ class ForwardClient(protocol.Protocol):
                 break
             chunk = self.inflight.pop(chunk_id, None)
             if chunk is None:
-                self.sink.unknown_acks += 1
+                self.owner.unknown_acks += 1
                 continue
             self.inflight_bytes -= len(chunk.data)
             acked.append(chunk)
         if acked:
-            self.sink._acked(self, acked)  # before a failure: these are done, the rest is resent
+            self.owner.acked(self, acked)  # before a failure: these are done, the rest is resent
         if problem is not None:
             self.fail(problem)
 
@@ -179,7 +175,7 @@ class ForwardClient(protocol.Protocol):
         try:
             reply = self.handshake.receive(message)
         except handshake.HandshakeError as e:
-            self.sink.handshake_failures += 1
+            self.owner.handshake_failures += 1
             self.fail(f"handshake failed: {e}")
             return False
         if reply is not None:
@@ -193,7 +189,7 @@ class ForwardClient(protocol.Protocol):
         self._cancel_timeout()
         if self.failed_reason is None and not self.closing:
             self.failed_reason = self._lost_reason(previous, reason)
-        self.sink._connection_lost(self)
+        self.owner.connection_lost(self)
 
     def _lost_reason(self, previous: str, reason: Failure) -> str | None:
         """Why an unexpected close is a failure, or None when it is harmless (an idle close)."""
@@ -218,18 +214,18 @@ class ForwardClient(protocol.Protocol):
     def resumeProducing(self) -> None:
         if self.paused:
             self.paused = False
-            self.sink._pump()
+            self.owner.sending_resumed()
 
     def stopProducing(self) -> None:
         self.paused = True
 
-    # -- used by the sink ----------------------------------------------------------
+    # -- used by the owner ---------------------------------------------------------
 
     @property
     def can_send(self) -> bool:
         return self.state == "ready" and not self.paused and not self.closing and self.failed_reason is None
 
-    def send(self, chunk: _Chunk, now: float, track: bool) -> None:
+    def send(self, chunk: Chunk, now: float, track: bool) -> None:
         chunk.sent_at = now
         chunk.sends += 1
         if track:
@@ -238,11 +234,11 @@ class ForwardClient(protocol.Protocol):
             self.inflight_bytes += len(chunk.data)
         self.transport.write(chunk.data)
 
-    def oldest(self) -> _Chunk | None:
+    def oldest(self) -> Chunk | None:
         return next(iter(self.inflight.values()), None)
 
     def start_timeout(self, seconds: float) -> None:
-        self.timeout_call = self.sink.reactor.callLater(seconds, self._establish_timeout, seconds)
+        self.timeout_call = self.owner.reactor.callLater(seconds, self._establish_timeout, seconds)
 
     def _cancel_timeout(self) -> None:
         if self.timeout_call is not None and self.timeout_call.active():
@@ -290,7 +286,7 @@ class ForwardClient(protocol.Protocol):
             self.connector.stopConnecting()
 
 
-class _ClientFactory(protocol.ClientFactory):
+class ClientFactory(protocol.ClientFactory):
     noisy = False
 
     def __init__(self, client: ForwardClient) -> None:
@@ -308,82 +304,17 @@ class _ClientFactory(protocol.ClientFactory):
         client._cancel_timeout()
         if client.failed_reason is None and not client.closing:
             client.failed_reason = f"connect failed: {reason.getErrorMessage()}"
-        client.sink._connection_lost(client)
+        client.owner.connection_lost(client)
 
 
-# -- heartbeats --------------------------------------------------------------------------
-
-
-@implementer(IHandshakeListener)
-class _TcpHeartbeat(protocol.Protocol):
-    def __init__(self, probe: "_TcpHeartbeatProbe") -> None:
-        self.probe = probe
-
-    def connectionMade(self) -> None:
-        self.probe.transport = self.transport
-        if not self.probe.tls:
-            self.probe.answered()
-
-    def handshakeCompleted(self) -> None:
-        self.probe.answered()
-
-    def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
-        self.probe.unanswered()
-
-
-class _TcpHeartbeatProbe(protocol.ClientFactory):
-    """One TCP heartbeat: a connect (and TLS handshake, with TLS), closed at once.
-
-    Answered once connected (handshake done); missed on a failed connect, a close before
-    that, or when the next heartbeat is due first (``give_up``).
-    """
-
-    noisy = False
-
-    def __init__(self, sink: "FluentForwardSink", server: Server, tls_on: bool) -> None:
-        self.sink = sink
-        self.server = server
-        self.tls = tls_on
-        self.done = False
-        self.connector: Any = None
-        self.transport: Any = None
-
-    def buildProtocol(self, addr: Any) -> _TcpHeartbeat:
-        return _TcpHeartbeat(self)
-
-    def answered(self) -> None:
-        if not self.done:
-            self.done = True
-            self.transport.loseConnection()
-            self.sink._heartbeat_answered(self.server)
-
-    def unanswered(self) -> None:
-        if not self.done:
-            self.done = True
-            self.sink._heartbeat_missed(self.server)
-
-    def clientConnectionFailed(self, connector: Any, reason: Failure) -> None:
-        self.unanswered()
-
-    def give_up(self) -> None:
-        if self.done:
-            return
-        if self.transport is not None:
-            self.transport.abortConnection()
-        elif self.connector is not None:
-            try:
-                self.connector.stopConnecting()
-            except error.NotConnectingError:
-                pass
-        self.unanswered()
-
-
-class _UdpHeartbeat(protocol.DatagramProtocol):
-    noisy = False
-
-    def __init__(self, sink: "FluentForwardSink") -> None:
-        self.sink = sink
-
-    def datagramReceived(self, data: bytes, addr: Any) -> None:
-        if data == wire.HEARTBEAT_REPLY:
-            self.sink._udp_reply(addr)
+def connect(owner: ClientOwner, settings: ClientSettings, server: Server, epoch: int, timeout: float) -> ForwardClient:
+    """Open a connection to ``server``: TCP (TLS with ``settings.tls``), then the handshake,
+    all within ``timeout`` seconds."""
+    client = ForwardClient(owner, settings, server, epoch)
+    factory = ClientFactory(client)
+    if settings.tls:
+        client.connector = owner.reactor.connectSSL(server.host, server.port, factory, server.tls_options, timeout=timeout)
+    else:
+        client.connector = owner.reactor.connectTCP(server.host, server.port, factory, timeout=timeout)
+    client.start_timeout(timeout)
+    return client

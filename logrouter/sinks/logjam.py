@@ -57,7 +57,7 @@ import socket
 from typing import Any, Iterator
 
 import zmq
-from twisted.internet import defer, task
+from twisted.internet import defer
 from twisted.python.failure import Failure
 
 from logrouter import registry
@@ -65,14 +65,12 @@ from logrouter.batch import Batch, Event
 from logrouter.config.options import REQUIRED, Option, non_negative, one_of, positive
 from logrouter.config.zmq_endpoints import bind_option, check_zmq_endpoint
 from logrouter.lake.extra import encode_extra
-from logrouter.serial import defer_to_thread
-from logrouter.sinks.base import SINK_OPTIONS, SinkBase
-from logrouter.sinks.state import CursorNotices, CursorSaver
+from logrouter.sinks.base import SINK_OPTIONS
+from logrouter.sinks.forwarding import ForwardingSink
 from logrouter.sources.events import TagTemplate
 from logrouter.wire import logjam as wire
 from logrouter.wire.logjam import METADATA_NAMES
 
-STATE_SAVE_SECS = 1.0
 INLINE_EVENTS = 64  # records this small are encoded on the reactor thread (a thread hop costs more)
 MAX_DEVICE = 0xFFFFFFFF
 SEQUENCE_MASK = (1 << 64) - 1
@@ -220,7 +218,7 @@ class _Record:
 
 
 @registry.sink("logjam")
-class LogjamSink(CursorNotices, SinkBase):
+class LogjamSink(ForwardingSink):
     # Its PUB socket binds, and importers track one device's sequence numbers.
     SINGLE_PROCESS = "a logjam sink is one device with one bound PUB socket"
     COUNTERS = {
@@ -265,9 +263,7 @@ class LogjamSink(CursorNotices, SinkBase):
         **SINK_OPTIONS,
     }
 
-    # Blocking or CPU-heavy calls (encoding big records, the state file's fsync, closing
-    # the context) run through this; tests replace it with a direct call.
-    run_blocking = staticmethod(defer_to_thread)
+    ERROR = LogjamSinkError
 
     def __init__(self, name: str, options: dict[str, Any], errors: Any, reactor: Any) -> None:
         super().__init__(name, options, errors, reactor)
@@ -285,15 +281,6 @@ class LogjamSink(CursorNotices, SinkBase):
         self.unsent_events = 0
         self._bytes_since_mark = 0
         self._feeding = False  # inside advance(): the router is handing over, no on_progress
-        self.started = False
-        self.stopping = False
-        self.stopped = False
-        self.saver = CursorSaver(self, STATE_SAVE_SECS, lambda: {} if self.started else None)
-        self._notified_cursor = -1
-        self.ticker = task.LoopingCall(self._tick)
-        self.ticker.clock = reactor
-        self.heartbeat = task.LoopingCall(self._heartbeat)
-        self.heartbeat.clock = reactor
         # counters
         self.messages_sent = 0
         self.heartbeats_sent = 0
@@ -305,44 +292,10 @@ class LogjamSink(CursorNotices, SinkBase):
         yield from super().samples()
         yield "logrouter_sink_logjam_sequence", "gauge", self.labels(), self.sequence
 
-    # -- lifecycle -----------------------------------------------------------------------
+    # -- lifecycle (the steps ForwardingSink leaves to the protocol) ----------------------
 
-    def start(self) -> defer.Deferred:
-        try:
-            self._bind()
-        except Exception as e:
-            return defer.fail(e)
-        d = self.run_blocking(self._prepare_start)
-
-        def started(result: tuple[int, str]) -> int:
-            cursor, announce = result
-            self.announce = announce
-            self.cursor = self._notified_cursor = cursor
-            self.saver.loaded(cursor)
-            self.sequence = 0
-            self.started = True
-            self.ticker.start(STATE_SAVE_SECS, now=False)
-            self.heartbeat.start(float(self.options["heartbeat_secs"]), now=False)
-            self.log.info(
-                "logjam sink {name}: publishing on {endpoint} as device {device} (compression {compression}, "
-                "heartbeats every {heartbeat:g}s announcing {announce}); resuming from spool position {cursor}",
-                name=self.name,
-                endpoint=self.bound_endpoint,
-                device=self.device,
-                compression=self.options["compression"],
-                heartbeat=float(self.options["heartbeat_secs"]),
-                announce=announce,
-                cursor=cursor,
-            )
-            return cursor
-
-        def failed(failure: Failure) -> Failure:
-            context = self._close(linger=0)
-            if context is not None:
-                context.term()  # nothing was sent: returns at once
-            return failure
-
-        return d.addCallbacks(started, failed)
+    def _open(self) -> None:
+        self._bind()
 
     def _bind(self) -> None:
         endpoint = self.options["bind"]
@@ -360,33 +313,50 @@ class LogjamSink(CursorNotices, SinkBase):
         last = sock.getsockopt(zmq.LAST_ENDPOINT)
         self.bound_endpoint = last.decode("utf-8", "replace") if isinstance(last, bytes) else str(last)
 
-    def _prepare_start(self) -> tuple[int, str]:
+    def _load_state(self) -> tuple[int, str]:
         """Blocking: the saved cursor and the announced endpoint (an FQDN lookup)."""
-        state = self.state.load() if self.state is not None else None
-        cursor = int(state["cursor"]) if state else 0
+        cursor = super()._load_state()
         return cursor, self.options["announce"] or default_announce(self.bound_endpoint, socket.getfqdn())
 
-    def stop(self) -> defer.Deferred:
-        self.stopping = True
-        self.cancel_retry()
-        # Records still being encoded are published before the socket closes.
-        pending = [r.deferred for r in self.records if r.deferred is not None and not r.done]
-        d = defer.DeferredList(pending) if pending else defer.succeed(None)
+    def _resume(self, loaded: tuple[int, str]) -> int:
+        cursor, self.announce = loaded
+        self.sequence = 0
+        return cursor
 
-        def close(_: Any) -> defer.Deferred:
-            self.stopped = True
-            if self.heartbeat.running:
-                self.heartbeat.stop()
-            if self.ticker.running:
-                self.ticker.stop()
-            saved = self._save(force=True)
-            context = self._close()
-            if context is not None:
-                # term() returns once ZeroMQ sent what was queued, or linger_secs passed.
-                saved.addBoth(lambda _: self.run_blocking(context.term))
-            return saved
+    def _start_failed(self, failure: Failure) -> Failure:
+        context = self._close(linger=0)
+        if context is not None:
+            context.term()  # nothing was sent: returns at once
+        return failure
 
-        return d.addCallback(close)
+    def _heartbeat_secs(self) -> float:
+        return float(self.options["heartbeat_secs"])
+
+    def _log_started(self, cursor: int) -> None:
+        self.log.info(
+            "logjam sink {name}: publishing on {endpoint} as device {device} (compression {compression}, "
+            "heartbeats every {heartbeat:g}s announcing {announce}); resuming from spool position {cursor}",
+            name=self.name,
+            endpoint=self.bound_endpoint,
+            device=self.device,
+            compression=self.options["compression"],
+            heartbeat=float(self.options["heartbeat_secs"]),
+            announce=self.announce,
+            cursor=cursor,
+        )
+
+    def _drain_timeout(self) -> None:
+        return None  # records still being encoded are published before the socket closes
+
+    def _drained(self) -> bool:
+        return not any(r.deferred is not None and not r.done for r in self.records)
+
+    def _close_output(self, saved: defer.Deferred) -> defer.Deferred:
+        context = self._close()
+        if context is not None:
+            # term() returns once ZeroMQ sent what was queued, or linger_secs passed.
+            saved.addBoth(lambda _: self.run_blocking(context.term))
+        return saved
 
     def _close(self, linger: int | None = None) -> zmq.Context | None:
         """Close the socket (with the LINGER set at bind unless told); the context is the caller's to term."""
@@ -399,19 +369,10 @@ class LogjamSink(CursorNotices, SinkBase):
     # -- fed by the router ---------------------------------------------------------------
 
     def write(self, batch: Batch, position: int, size: int) -> None:
-        if self.failing or not self.started or self.stopped:
-            return  # the replay from the cursor brings it again
-        events = batch.events
-        if not events:
-            return
-        self.queued_bytes += size
-        self._bytes_since_mark += size
-        self.events_in += len(events)
-        self.unsent.append((batch.tag, events))
-        self.unsent_events += len(events)
+        self._hold(batch, size)
 
     def advance(self, end: int) -> None:
-        if self.failing or not self.started or self.stopped:
+        if not self.accepting:
             return
         record = _Record(self.unsent, self.unsent_events, end, self._bytes_since_mark, self.epoch)
         self.unsent, self.unsent_events, self._bytes_since_mark = [], 0, 0
@@ -440,6 +401,7 @@ class LogjamSink(CursorNotices, SinkBase):
         record.done = True
         if record.epoch == self.epoch and not self._feeding:
             self._publish()
+        self._check_drained()
 
     def _prepare_failed(self, failure: Failure, record: _Record) -> None:
         # A bug, not a bad event (prepare() catches those): retrying would fail the same
@@ -451,10 +413,7 @@ class LogjamSink(CursorNotices, SinkBase):
         record.done = True
         if record.epoch == self.epoch and not self._feeding:
             self._publish()
-
-    def reset(self) -> None:
-        """After a failure's backoff: start clean; the router replays from the cursor."""
-        self._drop()
+        self._check_drained()
 
     def _drop(self) -> None:
         self.records.clear()
@@ -523,21 +482,6 @@ class LogjamSink(CursorNotices, SinkBase):
         outcome = self._send(frames)
         if outcome != BROKEN:
             self.heartbeats_sent += outcome
-
-    def _broken(self, reason: str) -> None:
-        if self.failing:
-            return
-        if self.stopping:
-            # No retry while stopping: what was not published stays in the spool.
-            self.failures += 1
-            self.failing = True
-            self.epoch += 1
-            self.log.error("logjam sink {name} failed while stopping: {error}", name=self.name, error=reason)
-            self._drop()
-            return
-        self.fail(Failure(LogjamSinkError(reason)))  # bumps the epoch: records being encoded are ignored
-        self._drop()
-        self.on_progress()
 
 
 def default_announce(bound_endpoint: str, fqdn: str) -> str:

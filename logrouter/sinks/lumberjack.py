@@ -43,6 +43,8 @@ Without failures every event is sent once.
 sink uses one host at a time, starting with the first, and moves to the next (round
 robin) after each failure of the current one; every move waits the backoff.
 
+The events' JSON and the windows' bytes are made in ``lumberjack_json``; the lifecycle
+(start, ticks, failure, stop and drain, saving the cursor) is ``ForwardingSink``'s.
 Timers use the injected reactor; tests drive the sink with ``task.Clock`` and
 ``StringTransport`` by replacing ``endpoint_for`` and ``run_blocking``. The state file
 (``{"cursor": …}``) is saved in a thread at most about once a second and on stop; a
@@ -53,32 +55,23 @@ acknowledged.
 from __future__ import annotations
 
 import collections
-import json
-import struct
-import time
-from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
-from typing import Any, Callable
+from typing import Any
 
-from twisted.internet import defer, endpoints, protocol, task
+from twisted.internet import defer, endpoints, protocol
 from twisted.python.failure import Failure
 
 from logrouter import registry, tls
 from logrouter.batch import Batch, Event
 from logrouter.config.options import Option, Problems, non_negative, positive
-from logrouter.lake.extra import jsonable
-from logrouter.serial import defer_to_thread
-from logrouter.sinks.base import SINK_OPTIONS, SinkBase
-from logrouter.sinks.state import CursorNotices, CursorSaver
+from logrouter.sinks.base import SINK_OPTIONS
+from logrouter.sinks.forwarding import ForwardingSink, host_label
+from logrouter.sinks.lumberjack_json import encode_window
 from logrouter.wire import lumberjack as wire
 from logrouter.wire.errors import DecodeError
 
 DEFAULT_PORT = 5044  # Beats' default (docs/protocols/lumberjack.md section 1)
-STATE_SAVE_SECS = 1.0
 INLINE_EVENTS = 64  # windows this small are encoded on the reactor thread (a thread hop costs more)
 MAX_PIPELINING = 64
-
-_J_HEADER = struct.Struct(">BBII")
-_V2 = wire.VERSION_BYTES[2]
 
 
 class LumberjackError(Exception):
@@ -148,123 +141,6 @@ def _check_tag_field(value: str) -> None:
         raise ValueError(f"must be a field name or a dotted path like '@metadata.tag' (or \"\" for none), got {value!r}")
 
 
-
-
-
-
-
-
-# -- events as JSON ----------------------------------------------------------------------
-
-
-def _refuse(value: Any) -> Any:
-    raise TypeError(f"not a JSON type: {type(value).__name__}")
-
-
-def _compact_dumps() -> Callable[[Any], str]:
-    """Compact ``json.dumps`` (no ASCII escaping, no NaN) without its per-call setup."""
-    fallback = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode
-    try:
-        encoder = c_make_encoder(None, _refuse, encode_basestring, None, ":", ",", False, False, False)
-    except TypeError:  # no C accelerator
-        return fallback
-
-    def dumps(value: Any) -> str:
-        return "".join(encoder(value, 0))
-
-    return dumps
-
-
-_dumps = _compact_dumps()
-_SECONDS: dict[int, str] = {}
-
-
-def rfc3339(time_ns: int) -> str | None:
-    """``2024-01-02T03:04:05.678Z`` (or ``.678901Z`` when the time has microseconds)."""
-    seconds, nanos = divmod(time_ns, 1_000_000_000)
-    prefix = _SECONDS.get(seconds)
-    if prefix is None:
-        try:
-            parts = time.gmtime(seconds)
-        except (OverflowError, OSError, ValueError):
-            return None
-        if not 0 < parts.tm_year <= 9999:
-            return None
-        prefix = time.strftime("%Y-%m-%dT%H:%M:%S", parts)
-        if len(_SECONDS) >= 4096:
-            _SECONDS.clear()
-        _SECONDS[seconds] = prefix
-    if nanos % 1_000_000 == 0:
-        return "%s.%03dZ" % (prefix, nanos // 1_000_000)
-    return "%s.%06dZ" % (prefix, nanos // 1000)
-
-
-def _with_field(record: dict[str, Any], path: tuple[str, ...], value: Any) -> dict[str, Any]:
-    """A copy of ``record`` with ``value`` at ``path`` (objects along the path copied, not changed)."""
-    head = path[0]
-    if len(path) == 1:
-        return {**record, head: value}
-    inner = record.get(head)
-    return {**record, head: _with_field(inner if isinstance(inner, dict) else {}, path[1:], value)}
-
-
-def _object_text(record: dict[str, Any]) -> str:
-    try:
-        text = _dumps(record)
-        text.encode("utf-8")  # lone surrogates (invalid UTF-8 received) raise here
-        return text
-    except (TypeError, ValueError, RecursionError):
-        return _dumps(jsonable(record))
-
-
-def tag_prefix(tag: str, tag_path: tuple[str, ...]) -> str:
-    """The JSON member (``"key":value,``) that carries ``tag`` at ``tag_path`` in a record without ``tag_path[0]``."""
-    if not tag_path:
-        return ""
-    text = _object_text({"t": tag})[5:-1]
-    for key in reversed(tag_path[1:]):
-        text = "{" + _dumps(key) + ":" + text + "}"
-    return _dumps(tag_path[0]) + ":" + text + ","
-
-
-def event_json(record: dict[str, Any], time_ns: int, tag: str, tag_path: tuple[str, ...], prefix: str | None = None) -> bytes:
-    """The ``J`` payload of one event (see the module docstring); ``prefix`` is ``tag_prefix(tag, tag_path)``."""
-    extra = ""
-    if tag_path:
-        if tag_path[0] in record:
-            record = _with_field(record, tag_path, tag)
-        else:
-            extra = tag_prefix(tag, tag_path) if prefix is None else prefix
-    if "@timestamp" not in record:
-        stamp = rfc3339(time_ns)
-        if stamp is not None:
-            extra = '"@timestamp":"' + stamp + '",' + extra
-    text = _object_text(record)
-    if extra:
-        text = "{" + extra[:-1] + "}" if text == "{}" else "{" + extra + text[1:]
-    return text.encode("utf-8")
-
-
-def encode_window(groups: list[tuple[str, list[Event]]], count: int, level: int, tag_path: tuple[str, ...]) -> bytes:
-    """One window as Beats sends it: ``W`` count, then the ``J`` frames 1..count (in a ``C`` frame when ``level``)."""
-    frames: list[bytes] = []
-    append = frames.append
-    pack = _J_HEADER.pack
-    seq = 0
-    for tag, events in groups:
-        prefix = tag_prefix(tag, tag_path)
-        for time_ns, record in events:
-            payload = event_json(record, time_ns, tag, tag_path, prefix)
-            seq += 1
-            append(pack(_V2, wire.JSON, seq, len(payload)))
-            append(payload)
-    assert seq == count, (seq, count)
-    body = b"".join(frames)
-    if level:
-        body = wire.encode_compressed(body, level, 2)
-    return wire.encode_window(count, 2) + body
-
-
 # -- bookkeeping -------------------------------------------------------------------------
 
 
@@ -320,15 +196,11 @@ class _ClientFactory(protocol.Factory):
         return client
 
 
-def _label(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 # -- the sink ----------------------------------------------------------------------------
 
 
 @registry.sink("lumberjack")
-class LumberjackSink(CursorNotices, SinkBase):
+class LumberjackSink(ForwardingSink):
     COUNTERS = {
         "windows_sent": "windows written to a server",
         "events_acked": "events a server acknowledged",
@@ -355,13 +227,11 @@ class LumberjackSink(CursorNotices, SinkBase):
         **SINK_OPTIONS,
     }
 
+    ERROR = LumberjackError
+
     @classmethod
     def check_options(cls, options: dict[str, Any]) -> list[str]:
         return tls.check_client_options(options)
-
-    # Blocking or CPU-heavy calls (window encoding, the state file's fsync) run through
-    # this; tests replace it with a direct call.
-    run_blocking = staticmethod(defer_to_thread)
 
     def __init__(self, name: str, options: dict[str, Any], errors: Any, reactor: Any) -> None:
         super().__init__(name, options, errors, reactor)
@@ -382,14 +252,6 @@ class LumberjackSink(CursorNotices, SinkBase):
         self.appended = 0  # events handed over since the last reset
         self.acked = 0  # of those, acknowledged
         self._bytes_since_mark = 0
-        self.started = False
-        self.stopping = False
-        self.stopped = False
-        self._drain_waiters: list[defer.Deferred] = []
-        self.saver = CursorSaver(self, STATE_SAVE_SECS, lambda: {} if self.started else None)
-        self._notified_cursor = -1
-        self.ticker = task.LoopingCall(self._tick)
-        self.ticker.clock = reactor
         # counters
         self.windows_sent = 0
         self.events_acked = 0
@@ -397,99 +259,46 @@ class LumberjackSink(CursorNotices, SinkBase):
         self.keepalives = 0
         self.connections = 0
 
-    # -- lifecycle -----------------------------------------------------------------------
+    # -- lifecycle (the steps ForwardingSink leaves to the protocol) ----------------------
 
-    def start(self) -> defer.Deferred:
-        d = self.run_blocking(self._load_state)
-
-        def started(cursor: int) -> int:
-            self.cursor = self._notified_cursor = cursor
-            self.saver.loaded(cursor)
-            self.started = True
-            self.ticker.start(STATE_SAVE_SECS, now=False)
-            self.log.info(
-                "lumberjack sink {name}: forwarding to {hosts} (tls {tls}, windows of up to {window} events, "
-                "{pipelining} in flight, compression level {compression}); resuming from spool position {cursor}",
-                name=self.name,
-                hosts=", ".join(_label(*h) for h in self.hosts),
-                tls="on" if self.options["tls"] else "off",
-                window=self.options["window_size"],
-                pipelining=self.options["pipelining"],
-                compression=self.options["compression_level"],
-                cursor=cursor,
-            )
-            return cursor
-
-        return d.addCallback(started)
-
-    def _load_state(self) -> int:
-        state = self.state.load() if self.state is not None else None
-        return int(state["cursor"]) if state else 0
-
-    def stop(self) -> defer.Deferred:
-        self.stopping = True
-        self.cancel_retry()
-        d: defer.Deferred = defer.Deferred()
-        self._drain_waiters.append(d)
-        self._check_drained()
-        timer = None
-        if not d.called:
-            self.log.info(
-                "lumberjack sink {name}: stopping; waiting up to {secs:g}s for {events} event(s) to be acknowledged",
-                name=self.name,
-                secs=float(self.options["drain_timeout_secs"]),
-                events=self.appended - self.acked,
-            )
-            timer = self.reactor.callLater(float(self.options["drain_timeout_secs"]), self._drain_timed_out, d)
-
-        def drained(_: Any) -> defer.Deferred:
-            if timer is not None and timer.active():
-                timer.cancel()
-            self.stopped = True
-            if self.ticker.running:
-                self.ticker.stop()
-            self._disconnect(abort=False)
-            return self._save(force=True)
-
-        return d.addCallback(drained)
-
-    def _check_drained(self) -> None:
-        if self._drain_waiters and (self.failing or not self.started or self.appended == self.acked):
-            waiters, self._drain_waiters = self._drain_waiters, []
-            for d in waiters:
-                d.callback(None)
-
-    def _drain_timed_out(self, d: defer.Deferred) -> None:
-        if d.called:
-            return
-        self.log.warn(
-            "lumberjack sink {name}: stopping with {events} event(s) not acknowledged after {secs:g}s; "
-            "they stay in the spool and are sent again on the next start",
+    def _log_started(self, cursor: int) -> None:
+        self.log.info(
+            "lumberjack sink {name}: forwarding to {hosts} (tls {tls}, windows of up to {window} events, "
+            "{pipelining} in flight, compression level {compression}); resuming from spool position {cursor}",
             name=self.name,
-            events=self.appended - self.acked,
-            secs=float(self.options["drain_timeout_secs"]),
+            hosts=", ".join(host_label(*h) for h in self.hosts),
+            tls="on" if self.options["tls"] else "off",
+            window=self.options["window_size"],
+            pipelining=self.options["pipelining"],
+            compression=self.options["compression_level"],
+            cursor=cursor,
         )
-        if d in self._drain_waiters:
-            self._drain_waiters.remove(d)
-        d.callback(None)
+
+    def _drained(self) -> bool:
+        return self.appended == self.acked
+
+    def _undrained(self) -> str:
+        return f"{self.appended - self.acked} event(s) not acknowledged"
+
+    def _log_draining(self, timeout: float) -> None:
+        self.log.info(
+            "lumberjack sink {name}: stopping; waiting up to {secs:g}s for {events} event(s) to be acknowledged",
+            name=self.name,
+            secs=timeout,
+            events=self.appended - self.acked,
+        )
+
+    def _close_output(self, saved: defer.Deferred) -> defer.Deferred:
+        self._disconnect(abort=False)
+        return saved
 
     # -- fed by the router ---------------------------------------------------------------
 
     def write(self, batch: Batch, position: int, size: int) -> None:
-        if self.failing or not self.started or self.stopped:
-            return  # the replay from the cursor brings it again
-        events = batch.events
-        if not events:
-            return
-        self.events_in += len(events)
-        self.unsent.append((batch.tag, events))
-        self.unsent_events += len(events)
-        self.appended += len(events)
-        self.queued_bytes += size
-        self._bytes_since_mark += size
+        self.appended += self._hold(batch, size)
 
     def advance(self, end: int) -> None:
-        if self.failing or not self.started or self.stopped:
+        if not self.accepting:
             return
         self.marks.append((self.appended, end, self._bytes_since_mark))
         self._bytes_since_mark = 0
@@ -507,10 +316,6 @@ class LumberjackSink(CursorNotices, SinkBase):
                 self.cursor = end
             moved = True
         return moved
-
-    def reset(self) -> None:
-        """After a failure's backoff: start clean; the router replays from the cursor."""
-        self._drop()
 
     def _drop(self) -> None:
         self.unsent.clear()
@@ -609,7 +414,7 @@ class LumberjackSink(CursorNotices, SinkBase):
         if not self.unsent_events:
             return
         host, port = self.hosts[self.host_index]
-        address = _label(host, port)
+        address = host_label(host, port)
         try:
             d = self.endpoint_for(host, port).connect(_ClientFactory(self, address))
         except Exception as e:  # a TLS option that cannot be built, …
@@ -713,27 +518,10 @@ class LumberjackSink(CursorNotices, SinkBase):
         )
         self._pump()  # reconnects if there is something to send
 
-    def _broken(self, reason: str) -> None:
-        """The connection failed: drop it and everything held; back off; replay from the cursor."""
-        if self.failing:
-            return
-        failure = Failure(LumberjackError(reason))
+    def _drop_connections(self) -> None:
         self._disconnect(abort=True)
         if len(self.hosts) > 1:
             self.host_index = (self.host_index + 1) % len(self.hosts)
-        if self.stopping:
-            # No retry while stopping: what is not acknowledged stays in the spool.
-            self.failures += 1
-            self.failing = True
-            self.epoch += 1
-            self.log.error("lumberjack sink {name} failed while stopping: {error}", name=self.name, error=reason)
-            self._drop()
-            self._check_drained()
-            return
-        self.fail(failure)  # bumps the epoch: windows still being encoded are ignored
-        self._drop()
-        self._check_drained()
-        self.on_progress()
 
     # -- timers --------------------------------------------------------------------------
 
@@ -756,7 +544,7 @@ class LumberjackSink(CursorNotices, SinkBase):
         if self.client is None:
             host, port = self.hosts[self.host_index]
             self._broken(
-                f"cannot connect to {_label(host, port)}: no connection within "
+                f"cannot connect to {host_label(host, port)}: no connection within "
                 f"connect_timeout_secs ({float(self.options['connect_timeout_secs']):g}s)"
             )
             return

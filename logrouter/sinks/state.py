@@ -123,25 +123,3 @@ class CursorSaver:
         self.saving = d
         d.addCallbacks(saved, failed)
         return d
-
-
-class CursorNotices:
-    """The cursor half of a forwarding sink whose cursor also moves without the router
-    handing it anything (records with nothing for it, acks arriving later): a timer calls
-    ``_tick``, which reports such a move to the router and saves the state.
-
-    Mixed in before ``SinkBase``; the sink sets ``saver`` (a ``CursorSaver``) and
-    ``_notified_cursor`` (the cursor last reported), and keeps ``cursor`` and ``failing``.
-    """
-
-    def _notify(self) -> None:
-        self._notified_cursor = self.cursor
-        self.on_progress()
-
-    def _tick(self) -> None:
-        if self.cursor != self._notified_cursor and not self.failing:
-            self._notify()
-        self._save()
-
-    def _save(self, force: bool = False) -> Any:
-        return self.saver.save(force)

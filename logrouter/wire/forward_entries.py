@@ -14,10 +14,14 @@ how many invalid ones a message may make the decoder look at (pure, no Twisted).
   entries among valid ones is kept, minus those, as before.
 - ``ForwardDecodeError``, the codec's error (``fluent_forward`` re-exports it), and its
   kind ``EntryBombError`` for a message refused by the rule.
+- ``new_unpacker``: the msgpack unpacker every part of the codec reads entries with
+  (EventTime comes out as ``EventNanos``, strings decode losslessly), and
+  ``msgpack_problem``, which says what msgpack refused where.
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -28,14 +32,21 @@ from logrouter.wire.errors import DecodeError
 __all__ = [
     "BOMB_MIN_INVALID",
     "BOMB_RATIO",
+    "EVENT_TIME",
+    "EVENT_TIME_EXT_CODE",
     "EntryBombError",
     "EntryTally",
     "EventNanos",
     "ForwardDecodeError",
     "MAX_TIME_NS",
     "MIN_TIME_NS",
+    "MSGPACK_ERRORS",
     "NANOS_PER_SECOND",
+    "byte_in",
     "collect_events",
+    "ext_hook",
+    "msgpack_problem",
+    "new_unpacker",
     "str_keyed",
     "time_ns_of",
 ]
@@ -202,3 +213,62 @@ def collect_events(
     tally.valid = seen_valid + len(events)
     tally.invalid = seen_invalid + invalid
     return events, invalid
+
+
+# -- the unpacker ------------------------------------------------------------------------
+
+EVENT_TIME_EXT_CODE = 0
+EVENT_TIME = struct.Struct(">II")  # u32 seconds, u32 nanoseconds (section 6)
+# msgpack refuses nesting deeper than this (its C unpacker's fixed stack).
+_MSGPACK_MAX_DEPTH = 1024
+
+
+def ext_hook(code: int, data: bytes) -> Any:
+    # Converting here keeps the per-event loop to a type check (see collect_events).
+    # Both fixext8 (d7 00) and ext8 (c7 08 00) arrive here with 8 bytes of data.
+    if code == EVENT_TIME_EXT_CODE and len(data) == 8:
+        seconds, nanos = EVENT_TIME.unpack(data)
+        return EventNanos(seconds * NANOS_PER_SECOND + nanos)
+    return msgpack.ExtType(code, data)
+
+
+def new_unpacker(max_buffer_size: int) -> msgpack.Unpacker:
+    # raw=False + surrogateescape: out_forward puts binary msgpack inside a str32 and Fluent
+    # Bit sends raw salt bytes as str (section 2), so strings must decode losslessly.
+    return msgpack.Unpacker(
+        raw=False,
+        unicode_errors="surrogateescape",
+        max_buffer_size=max_buffer_size,
+        strict_map_key=False,
+        ext_hook=ext_hook,
+    )
+
+
+# msgpack's own errors for garbage: FormatError/StackError/limit errors are ValueErrors,
+# TypeError comes from unhashable map keys (e.g. an array used as a key).
+MSGPACK_ERRORS = (ValueError, TypeError, msgpack.UnpackException)
+
+
+def msgpack_problem(exc: Exception, offset: int, byte_at: Callable[[int], int | None]) -> str:
+    """What was wrong, never empty: msgpack raises FormatError and StackError without a message.
+
+    ``offset`` is where the unpacker stopped (its ``tell()``), ``byte_at`` finds the byte
+    there if it is still at hand.
+    """
+    if isinstance(exc, msgpack.FormatError):
+        byte = byte_at(offset)
+        found = f"byte 0x{byte:02x}" if byte is not None else "byte"
+        return f"FormatError (unexpected {found} at offset {offset})"
+    if isinstance(exc, msgpack.StackError):
+        return f"StackError (nested more than {_MSGPACK_MAX_DEPTH} levels deep)"
+    return str(exc) or type(exc).__name__
+
+
+def byte_in(data: Any, start: int) -> Callable[[int], int | None]:
+    """A ``byte_at`` for ``msgpack_problem``: ``data`` holds the stream's bytes from ``start``."""
+
+    def byte_at(offset: int) -> int | None:
+        index = offset - start
+        return data[index] if 0 <= index < len(data) else None
+
+    return byte_at
