@@ -30,7 +30,7 @@ from chunk_client import T0, Client, expected_ids  # noqa: E402
 from crash_cycles import finish, run_cycles  # noqa: E402
 from daemon import REPO, Daemon  # noqa: E402
 from logrouter.lake.iceberg_catalog import open_catalog  # noqa: E402
-from logrouter.wire.fluent_forward import encode_packed_forward  # noqa: E402
+from fixtures.forward_encode import encode_packed_forward  # noqa: E402
 from logrouter.workers.plan import worker_for  # noqa: E402
 
 pytestmark = pytest.mark.timeout(420)
