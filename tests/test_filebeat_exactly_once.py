@@ -12,6 +12,7 @@ module proxy refuses it); ``tests/filebeat.py`` builds it once per machine.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -71,8 +72,11 @@ def lost_ack(gate: AckGate) -> bool:
         return any(ack.seq for ack in e.messages)
 
 
-def start_router(workdir: Path, gate: AckGate) -> tuple[Daemon, int]:
-    daemon = Daemon(workdir, CONFIG).start()
+def start_router(workdir: Path, gate: AckGate, stack: contextlib.ExitStack, daemons: list[Daemon]) -> tuple[Daemon, int]:
+    """A router run (killed at the end of the test if still running) behind ``gate``."""
+    daemon = stack.enter_context(Daemon(workdir, CONFIG))
+    daemons.append(daemon)
+    daemon.start()
     gate.target = daemon.port("beats")
     metrics = int(daemon.wait_for(r"metrics listening on \S+ port (\d+)").group(1))
     return daemon, metrics
@@ -95,14 +99,14 @@ def test_filebeat_lines_land_once_across_two_router_kills(filebeat_bin, tmp_path
     write(WRITES[0])
     duplicates = 0.0
     daemons: list[Daemon] = []
-    with AckGate() as gate:
-        daemon, metrics = start_router(tmp_path, gate)
-        daemons.append(daemon)
-        beat = filebeat_harness.Filebeat(
+    with contextlib.ExitStack() as stack:  # on the way out: Filebeat stopped, routers killed, gate closed
+        gate = stack.enter_context(AckGate())
+        daemon, metrics = start_router(tmp_path, gate, stack, daemons)
+        beat = stack.enter_context(filebeat_harness.Filebeat(
             filebeat_bin, tmp_path / "filebeat", [log_file], [f"127.0.0.1:{gate.port}"],
             output={"timeout": 30, "backoff.init": "200ms", "backoff.max": "1s"},
             input={"backoff": "100ms", "max_backoff": "500ms"},
-        )
+        ))
         try:
             beat.start()
             for kill in (1, 2):
@@ -116,8 +120,7 @@ def test_filebeat_lines_land_once_across_two_router_kills(filebeat_bin, tmp_path
                 gate.cut()
                 gate.release()
                 assert beat.running(), beat.output()
-                daemon, metrics = start_router(tmp_path, gate)
-                daemons.append(daemon)
+                daemon, metrics = start_router(tmp_path, gate, stack, daemons)
             write(WRITES[3])
             size = log_file.stat().st_size
             wait_until(lambda: beat.acked_offset(log_file) >= size, 300,
@@ -128,10 +131,7 @@ def test_filebeat_lines_land_once_across_two_router_kills(filebeat_bin, tmp_path
             for run, each in enumerate(daemons, 1):
                 print(f"-- router run {run}:\n" + "".join(each.lines[-60:]))
             raise
-        finally:
-            beat.stop()
-            for other in daemons[:-1]:
-                other.__exit__()
+        beat.stop()
         daemon.stop_gracefully()
     assert written == LINES
     messages = [row["message"] for row in read_lake(tmp_path / "lake")]
