@@ -13,6 +13,7 @@ module proxy refuses it); ``tests/filebeat.py`` builds it once per machine.
 from __future__ import annotations
 
 import contextlib
+import json
 from pathlib import Path
 
 import pytest
@@ -86,7 +87,10 @@ def line(n: int) -> str:
     return f"line {n:06d} {'x' * 40}"
 
 
-def test_filebeat_lines_land_once_across_two_router_kills(filebeat_bin, tmp_path):
+@pytest.mark.parametrize("processors", [[], [{"add_id": {}}]], ids=["line-keys", "add_id"])
+def test_filebeat_lines_land_once_across_two_router_kills(filebeat_bin, tmp_path, processors):
+    """Without processors the events are named by their line fields; with ``add_id`` by
+    ``@metadata._id``."""
     log_file = tmp_path / "app.log"
     written = 0
 
@@ -106,6 +110,7 @@ def test_filebeat_lines_land_once_across_two_router_kills(filebeat_bin, tmp_path
             filebeat_bin, tmp_path / "filebeat", [log_file], [f"127.0.0.1:{gate.port}"],
             output={"timeout": 30, "backoff.init": "200ms", "backoff.max": "1s"},
             input={"backoff": "100ms", "max_backoff": "500ms"},
+            processors=processors,
         ))
         try:
             beat.start()
@@ -134,7 +139,10 @@ def test_filebeat_lines_land_once_across_two_router_kills(filebeat_bin, tmp_path
         beat.stop()
         daemon.stop_gracefully()
     assert written == LINES
-    messages = [row["message"] for row in read_lake(tmp_path / "lake")]
+    rows = read_lake(tmp_path / "lake")
+    messages = [row["message"] for row in rows]
+    ids = {json.loads(row["_extra"])["@metadata"].get("_id") for row in rows[:100]}
+    assert (None in ids) == (not processors)  # the key add_id gives reached the router
     counts: dict[str, int] = {}
     for message in messages:
         counts[message] = counts.get(message, 0) + 1
