@@ -274,6 +274,22 @@ def test_resent_events_are_acked_and_stored_once_also_after_a_kill(make_router):
         *(r["message"] for r in lines[:4]), "line at 40", "no key", "line at 50", "no key"]
 
 
+def test_older_lines_sent_after_newer_ones_and_a_rotated_file_are_stored(make_router):
+    """What an offset high-water mark per file would drop: Filebeat 7.17 may send a newer
+    batch before it resends an older one that was never stored, and a file rotated or
+    truncated under the same path starts again at offset 0 (no inode in the events)."""
+    from twisted.internet import reactor
+
+    router = make_router()
+    newer, keys = beats_batch([line(n * 10) for n in range(10, 20)])
+    spin(reactor, router.ingest(newer, events=keys))
+    older, keys = beats_batch([line(n * 10) for n in range(10)])
+    spin(reactor, router.ingest(older, events=keys))
+    rotated, keys = beats_batch([line(n * 10, stamp="2026-11-27T04:10:00.000Z") for n in range(5)])
+    spin(reactor, router.ingest(rotated, events=keys))
+    assert router.events_in == 25 and router.duplicate_events == 0
+
+
 def test_a_batch_of_only_stored_events_is_acked_without_a_spool_record(make_router):
     from twisted.internet import reactor
 
