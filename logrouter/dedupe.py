@@ -1,6 +1,6 @@
 """Recognising client retransmissions by their ids, so a batch is stored only once.
 
-Two kinds of idempotency key, both scoped by the source's name:
+Three kinds of idempotency key, all scoped by the source's name:
 
 * a **batch id** ``(source, id)``: a forward ``chunk``, a Log Courier nonce. The same id
   again is the same batch again.
@@ -8,6 +8,12 @@ Two kinds of idempotency key, both scoped by the source's name:
   events (a Pravega writer id and the number of the batch's last event). A batch whose
   number is not above the highest one stored for its writer was stored before; the
   router can say, after any restart, the last event number stored for a writer.
+* **event keys** ``(source, [[sender, digests], ...])``: one key per event, for senders
+  whose batches have no id but whose events name themselves (Beats events, see
+  ``logrouter.sources.event_keys``): ``EventWindows`` keeps, per sender, a window of the
+  last events stored (``per_sender`` of them; ``senders`` windows per source, the least
+  recently used one forgotten first). A batch's events already stored are left out of it,
+  and so are events another batch is storing, whose ack then waits for that batch.
 
 A key seen again is acked at once if its first copy is durable; if the first copy is
 still being stored, the retransmission's ack waits for it.
@@ -21,8 +27,8 @@ ids of every spool record after the snapshot's position.
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
-from typing import Any, Iterable
+from collections import OrderedDict, deque
+from typing import Any, Callable, Iterable
 
 import msgpack
 from twisted.internet import defer
@@ -30,15 +36,25 @@ from twisted.internet import defer
 Key = tuple  # (source, batch id) or (source, writer, event number)
 BatchKey = tuple[str, bytes]
 WriterId = tuple[str, bytes]
+EventKey = tuple[str, bytes]  # (sender, digest) of one event
+DIGEST_BYTES = 16
+EVENTS_PER_SENDER = 8192  # more than Filebeat's default queue (4096 events) can hold unacknowledged
+SENDERS = 128
 
 
 def is_writer_key(key: Key) -> bool:
     return len(key) == 3
 
 
+def is_events_key(key: Key) -> bool:
+    return len(key) == 2 and key[1].__class__ is list
+
+
 class DedupeWindow:
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, event_limits: Callable[[str], tuple[int, int]] | None = None) -> None:
+        """``event_limits(source)``: ``(per_sender, senders)`` of a source's event windows."""
         self.capacity = capacity
+        self.events = EventWindows(event_limits or (lambda source: (EVENTS_PER_SENDER, SENDERS)))
         self.done: OrderedDict[BatchKey, int] = OrderedDict()  # id -> spool position
         self.pending: dict[BatchKey, list[defer.Deferred]] = {}
         # Writers: the highest event number stored, and numbers being stored with their waiters.
@@ -104,6 +120,9 @@ class DedupeWindow:
             d.errback(failure)
 
     def add(self, key: Key, position: int) -> None:
+        if is_events_key(key):
+            self.events.add_record(key)
+            return
         if is_writer_key(key):
             source, writer, number = key
             writer_id = (source, writer)
@@ -121,18 +140,214 @@ class DedupeWindow:
         for key, position in entries:
             self.add(key, position)
 
+    def snapshot(self) -> tuple[list, list, list]:
+        """What ``save_snapshot`` writes after the position: copies, taken on the reactor."""
+        return list(self.done.items()), list(self.writers.items()), self.events.rows()
+
+
+def event_limits(config: Any, source: str) -> tuple[int, int]:
+    """``(per_sender, senders)`` of a source's event windows: its options, else the defaults
+    (a source no longer configured still has keys in the spool)."""
+    component = config.sources.get(source)
+    options = component.options if component is not None else {}
+    return options.get("idempotency_window", EVENTS_PER_SENDER), options.get("idempotency_senders", SENDERS)
+
+
+class KeyClaim:
+    """A batch id or writer key being stored: ``begin`` once its batch goes to the spool,
+    then ``finish`` or ``abandon`` (as ``EventClaim``)."""
+
+    __slots__ = ("window", "key")
+
+    def __init__(self, window: DedupeWindow, key: Key) -> None:
+        self.window = window
+        self.key = key
+
+    def begin(self) -> None:
+        self.window.begin(self.key)
+
+    def finish(self, position: int) -> None:
+        self.window.finish(self.key, position)
+
+    def abandon(self, failure: Any) -> None:
+        self.window.abandon(self.key, failure)
+
+
+class _SenderWindow:
+    """The digests of the last events stored for one sender, oldest first, and those being stored."""
+
+    __slots__ = ("stored", "order", "pending")
+
+    def __init__(self) -> None:
+        self.stored: set[bytes] = set()
+        self.order: deque[bytes] = deque()
+        self.pending: dict[bytes, EventClaim] = {}
+
+    def add(self, digest: bytes, capacity: int) -> None:
+        if digest in self.stored:
+            return
+        self.stored.add(digest)
+        self.order.append(digest)
+        while len(self.order) > capacity:
+            self.stored.discard(self.order.popleft())
+
+
+class EventClaim:
+    """What ``EventWindows.claim`` decided for one batch's events.
+
+    ``keep``: the indices of the events to store (new ones, and those without a key);
+    ``dropped``: how many are left out; ``waiting``: Deferreds of the other batches storing
+    some of the left-out events, to wait for before acking. ``finish`` once the batch is
+    stored (its keys enter the windows, batches waiting on it go on); ``abandon`` if it is not.
+    """
+
+    __slots__ = ("source", "keep", "dropped", "waiting", "groups", "waiters", "_waits_on", "capacity")
+
+    def __init__(self, source: str, capacity: int) -> None:
+        self.source = source
+        self.capacity = capacity
+        self.keep: list[int] = []
+        self.dropped = 0
+        self.waiting: list[defer.Deferred] = []
+        self.groups: dict[str, tuple[_SenderWindow, list[bytes]]] = {}
+        self.waiters: list[defer.Deferred] = []
+        self._waits_on: set[int] = set()
+
+    def wait_for(self, other: "EventClaim") -> None:
+        if other is self or id(other) in self._waits_on:
+            return
+        self._waits_on.add(id(other))
+        d: defer.Deferred = defer.Deferred()
+        other.waiters.append(d)
+        self.waiting.append(d)
+
+    def record_key(self) -> Key | None:
+        """The key stored with the batch: its senders and their events' digests."""
+        rows = [[sender, b"".join(digests)] for sender, (_, digests) in self.groups.items() if digests]
+        return (self.source, rows) if rows else None
+
+    def begin(self) -> None:
+        """Nothing to do: ``claim`` marked the events as being stored already."""
+
+    def finish(self, position: int = 0) -> None:
+        for window, digests in self.groups.values():
+            pending = window.pending
+            for digest in digests:
+                if pending.get(digest) is self:
+                    del pending[digest]
+                window.add(digest, self.capacity)
+        waiters, self.waiters = self.waiters, []
+        for d in waiters:
+            d.callback(None)
+
+    def abandon(self, failure: Any) -> None:
+        for window, digests in self.groups.values():
+            pending = window.pending
+            for digest in digests:
+                if pending.get(digest) is self:
+                    del pending[digest]
+        waiters, self.waiters = self.waiters, []
+        for d in waiters:
+            d.errback(failure)
+
+
+class EventWindows:
+    """Per source and sender, the events stored lately, by their keys (``EventKey``)."""
+
+    def __init__(self, limits: Callable[[str], tuple[int, int]]) -> None:
+        self.limits = limits
+        self.sources: dict[str, OrderedDict[str, _SenderWindow]] = {}
+
+    def __bool__(self) -> bool:
+        return any(self.sources.values())
+
+    def _window(self, source: str, sender: str, senders: int) -> _SenderWindow:
+        windows = self.sources.get(source)
+        if windows is None:
+            windows = self.sources[source] = OrderedDict()
+        window = windows.get(sender)
+        if window is None:
+            window = windows[sender] = _SenderWindow()
+            while len(windows) > senders:
+                windows.popitem(last=False)  # a claim still storing into it finishes harmlessly
+        else:
+            windows.move_to_end(sender)
+        return window
+
+    def claim(self, source: str, keys: list[EventKey | None]) -> EventClaim:
+        """Sort a batch's events (``keys`` in their order, None for an event without one)
+        into those to store and those stored already or being stored."""
+        per_sender, senders = self.limits(source)
+        claim = EventClaim(source, per_sender)
+        keep = claim.keep
+        groups = claim.groups
+        last: str | None = None
+        window: Any = None
+        digests: list[bytes] = []
+        for i, key in enumerate(keys):
+            if key is None:
+                keep.append(i)
+                continue
+            sender, digest = key
+            if sender != last:
+                last = sender
+                group = groups.get(sender)
+                if group is None:
+                    group = groups[sender] = (self._window(source, sender, senders), [])
+                window, digests = group
+            if digest in window.stored:
+                claim.dropped += 1
+                continue
+            other = window.pending.get(digest)
+            if other is not None:
+                claim.dropped += 1
+                claim.wait_for(other)
+                continue
+            window.pending[digest] = claim
+            digests.append(digest)
+            keep.append(i)
+        return claim
+
+    def add_record(self, key: Key) -> None:
+        """The event keys of a stored record (a spool record or the snapshot), as stored."""
+        source, rows = key
+        per_sender, senders = self.limits(source)
+        for row in rows:
+            try:
+                sender, blob = row
+                if sender.__class__ is not str or not isinstance(blob, (bytes, bytearray)):
+                    continue  # not what claims write: a damaged record only weakens deduplication
+            except (TypeError, ValueError):
+                continue
+            window = self._window(source, sender, senders)
+            for start in range(0, len(blob) - DIGEST_BYTES + 1, DIGEST_BYTES):
+                window.add(bytes(blob[start : start + DIGEST_BYTES]), per_sender)
+
+    def rows(self) -> list[tuple[str, str, list[bytes]]]:
+        """Every window's digests, oldest first (for the snapshot; joined there, off the reactor)."""
+        return [
+            (source, sender, list(window.order))
+            for source, windows in self.sources.items()
+            for sender, window in windows.items()
+        ]
+
 
 def save_snapshot(
-    path: str, entries: list[tuple[BatchKey, int]], position: int, writers: list[tuple[WriterId, int]] = ()
+    path: str,
+    entries: list[tuple[BatchKey, int]],
+    position: int,
+    writers: list[tuple[WriterId, int]] = (),
+    events: list[tuple[str, str, list[bytes]]] = (),
 ) -> None:
-    """Write ``entries``, the ``writers``' last event numbers (and the spool position they
-    cover up to) atomically."""
+    """Write ``entries``, the ``writers``' last event numbers, the ``events`` windows
+    (``EventWindows.rows``) and the spool position they cover up to, atomically."""
     data = msgpack.packb(
         [
-            2,
+            3,
             position,
             [[source, chunk, pos] for (source, chunk), pos in entries],
             [[source, writer, number] for (source, writer), number in writers],
+            [[source, sender, b"".join(digests)] for source, sender, digests in events],
         ]
     )
     temporary = path + ".tmp"
@@ -145,17 +360,19 @@ def save_snapshot(
 
 def load_snapshot(path: str) -> tuple[list[tuple[Key, int]], int]:
     """The saved keys (batch ids with their positions, writers' last event numbers as
-    writer keys) and the spool position they cover; nothing if there is no snapshot.
-    Version 1 snapshots (batch ids only) still load."""
+    writer keys, each events window as one event key) and the spool position they cover;
+    nothing if there is no snapshot. Version 1 (batch ids only) and 2 (no events) still load."""
     try:
         with open(path, "rb") as f:
             snapshot = msgpack.unpackb(f.read(), raw=False)
         version, position, rows = snapshot[:3]
-        writer_rows = snapshot[3] if version == 2 else []
-        if version not in (1, 2):
+        if version not in (1, 2, 3):
             return [], 0
+        writer_rows = snapshot[3] if version >= 2 else []
+        event_rows = snapshot[4] if version >= 3 else []
         entries: list[tuple[Key, int]] = [((source, bytes(chunk)), pos) for source, chunk, pos in rows]
         entries += [((source, bytes(writer), number), position) for source, writer, number in writer_rows]
+        entries += [((source, [[sender, bytes(blob)]]), position) for source, sender, blob in event_rows]
         return entries, position
     except FileNotFoundError:
         return [], 0

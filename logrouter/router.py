@@ -25,6 +25,7 @@ from typing import Any, Iterator
 
 from twisted.internet import defer, threads
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from logrouter import dedupe, routes
 from logrouter.batch import Batch, Routing
@@ -61,6 +62,17 @@ class UnstorableBatch(ValueError):
     """A batch the spool cannot hold (it cannot be encoded, or is too large): refused, never acked."""
 
 
+def _all(deferreds: list[defer.Deferred]) -> defer.Deferred:
+    """Fires once every one of ``deferreds`` has, with None, or with the first failure."""
+    if len(deferreds) == 1:
+        return deferreds[0]
+    if not deferreds:
+        return defer.succeed(None)
+    d = defer.DeferredList(deferreds, fireOnOneErrback=True, consumeErrors=True)
+    d.addCallbacks(lambda _: None, lambda f: f.value.subFailure)
+    return d
+
+
 class Router:
     log = Logger(namespace="logrouter.router")
 
@@ -77,7 +89,7 @@ class Router:
         spool = config.spool
         self.spool = SpoolLog(reactor, spool["path"], spool["durability"], spool["segment_bytes"])
         self.max_spool_bytes = spool["max_bytes"]
-        self.dedupe = dedupe.DedupeWindow(spool["dedupe_window"])
+        self.dedupe = dedupe.DedupeWindow(spool["dedupe_window"], lambda source: dedupe.event_limits(self.config, source))
         self.dedupe_path = os.path.join(spool["path"], "dedupe.msgpack")
         self.filter_memory = FilterMemory(spool["path"])  # what dedupe filters remember, across restarts
         # Batches a sink behind has still to read, so that _catch_up need not decode them again.
@@ -104,6 +116,7 @@ class Router:
         self.batches_in = 0
         self.events_in = 0
         self.duplicates = 0
+        self.duplicate_events = 0
         self.unstorable_batches = 0
         self.paused = False
         self.paused_secs = 0.0
@@ -137,7 +150,14 @@ class Router:
 
     # -- taking batches in --------------------------------------------------------------
 
-    def ingest(self, batch: Batch, key: bytes | None = None, *, writer: tuple[bytes, int] | None = None) -> defer.Deferred:
+    def ingest(
+        self,
+        batch: Batch,
+        key: bytes | None = None,
+        *,
+        writer: tuple[bytes, int] | None = None,
+        events: list[dedupe.EventKey | None] | None = None,
+    ) -> defer.Deferred:
         """Store ``batch``; the Deferred fires once it is durable (then it is routed).
 
         Idempotency: ``key`` is the client's id for this batch (a forward ``chunk``, a Log
@@ -145,50 +165,80 @@ class Router:
         without being stored again. ``writer`` is ``(writer id, number of the batch's last
         event)`` for senders that number their events (Pravega): a batch not numbered
         above what its writer already stored is acked without being stored again.
+        ``events`` is one key per event of the batch (Beats events,
+        ``logrouter.sources.event_keys``; None for an event without one): the events
+        already stored are left out, and so are those another batch is storing, whose
+        durability the Deferred then waits for too.
         """
+        if events is not None:
+            return self._ingest_events(batch, events)
         dedupe_key: tuple | None = None
         if writer is not None:
             dedupe_key = (batch.source, writer[0], writer[1])
         elif key is not None:
             dedupe_key = (batch.source, key)
-        if dedupe_key is not None:
-            again = self.dedupe.lookup(dedupe_key)
-            if again is not None:
+        if dedupe_key is None:
+            return self._store(batch, None, None)
+        again = self.dedupe.lookup(dedupe_key)
+        if again is not None:
+            self.duplicates += 1
+            return again
+        return self._store(batch, dedupe_key, dedupe.KeyClaim(self.dedupe, dedupe_key))
+
+    def _ingest_events(self, batch: Batch, keys: list[dedupe.EventKey | None]) -> defer.Deferred:
+        claim = self.dedupe.events.claim(batch.source, keys)
+        if claim.dropped:
+            self.duplicate_events += claim.dropped
+            if not claim.keep:
                 self.duplicates += 1
-                return again
+                return _all(claim.waiting)
+            events = batch.events
+            batch = Batch(batch.tag, [events[i] for i in claim.keep], batch.source, json_values=batch.json_values)
+        return _all([self._store(batch, claim.record_key(), claim), *claim.waiting])
+
+    def _store(self, batch: Batch, dedupe_key: tuple | None, claim: Any) -> defer.Deferred:
+        """Append ``batch`` with its idempotency key; ``claim`` (``finish(position)``,
+        ``abandon(failure)``) hears whether it was stored."""
         try:
             payload = encode_batch(batch, dedupe_key)
             if len(payload) > MAX_PAYLOAD and batch.packed is not None:
                 batch.packed = None  # what arrived is bigger than the records encoded: try those
                 payload = encode_batch(batch, dedupe_key)
         except Exception as e:  # noqa: BLE001 - e.g. a record nested deeper than msgpack packs
-            self.unstorable_batches += 1
-            return defer.fail(UnstorableBatch(f"batch cannot be stored: {type(e).__name__}: {e}"))
+            return self._unstorable(UnstorableBatch(f"batch cannot be stored: {type(e).__name__}: {e}"), claim)
         batch.packed = None  # in the payload now; the rest of the way reads the events
         if len(payload) > MAX_PAYLOAD:
             # A bigger record could not be read back: refuse it (this sender only) rather
             # than ack what the spool would later set aside as damage.
-            self.unstorable_batches += 1
-            return defer.fail(UnstorableBatch(f"batch of {len(payload)} bytes exceeds the spool's record limit ({MAX_PAYLOAD})"))
-        if dedupe_key is not None:
-            self.dedupe.begin(dedupe_key)
+            return self._unstorable(
+                UnstorableBatch(f"batch of {len(payload)} bytes exceeds the spool's record limit ({MAX_PAYLOAD})"), claim
+            )
+        if claim is not None:
+            claim.begin()
         self.batches_in += 1
         self.events_in += len(batch.events)
         self.flow.stored(batch.source, len(batch.events), len(payload))
         durability = self.durability.get(batch.source) or self.spool.durability
         d = self.spool.append(payload, durability)
         d.addCallback(self._remember, batch, len(payload))
-        d.addCallbacks(self._route_live, self._spool_failed, (batch, len(payload), dedupe_key))
+        d.addCallbacks(self._route_live, self._spool_failed, (batch, len(payload), claim))
         routed: defer.Deferred = defer.Deferred()
         self._storing.add(routed)
         d.addBoth(self._stored, routed)
-        if dedupe_key is not None:
-            d.addErrback(self._not_stored, dedupe_key)
+        if claim is not None:
+            d.addErrback(self._not_stored, claim)
         self._check_backpressure()
         if durability == "none":
             d.addErrback(lambda f: self.log.failure("spool write failed", f))
             return defer.succeed(None)
         return d
+
+    def _unstorable(self, error: UnstorableBatch, claim: Any) -> defer.Deferred:
+        self.unstorable_batches += 1
+        failure = Failure(error)
+        if claim is not None:
+            claim.abandon(failure)  # what waits for these events is refused too
+        return defer.fail(failure)
 
     def _stored(self, result: Any, routed: defer.Deferred) -> Any:
         # An append's outcome (routed, or refused) is known: a stop or drain waiting on it goes on.
@@ -205,8 +255,8 @@ class Router:
         """The number of the last event stored for ``writer`` of ``source`` (survives restarts)."""
         return self.dedupe.last_event_number(source, writer)
 
-    def _not_stored(self, failure: Any, key: dedupe.Key) -> Any:
-        self.dedupe.abandon(key, failure)
+    def _not_stored(self, failure: Any, claim: Any) -> Any:
+        claim.abandon(failure)
         return failure
 
     def _spool_failed(self, failure: Any) -> Any:
@@ -237,7 +287,7 @@ class Router:
         self.spool_failing = False
         self._check_backpressure()
 
-    def _route_live(self, written: tuple[int, int], batch: Batch, size: int, key: dedupe.Key | None) -> None:
+    def _route_live(self, written: tuple[int, int], batch: Batch, size: int, claim: Any) -> None:
         position, end = written
         self.routed_end = end
         self.store_times.stored(position, self.reactor.seconds(), self.min_cursor)
@@ -246,8 +296,8 @@ class Router:
             self.log.info("spool writes succeed again")
         if self.paused:
             self._check_backpressure()
-        if key is not None:
-            self.dedupe.finish(key, position)
+        if claim is not None:
+            claim.finish(position)
         if self.stopping:
             return  # the sinks are stopping or stopped: it is in the spool for the next start
         targets = frozenset(name for name, feed in self.feeds.items() if feed.live and not feed.sink.failing)
@@ -519,7 +569,7 @@ class Router:
                 return  # trimmed once the snapshot is on disk
             self.spool.delete_before(min(cursor, self._snapshot_position))
         elif self.reactor.seconds() - self._snapshot_saved_at > DEDUPE_SNAPSHOT_SECS and (
-            self.dedupe.done or self.dedupe.writers or self.filter_memory.changed(self.filters)
+            self.dedupe.done or self.dedupe.writers or self.dedupe.events or self.filter_memory.changed(self.filters)
         ):
             self._save_snapshot()
 
@@ -532,13 +582,12 @@ class Router:
         covered = self.filter_memory.covered(self.filters)
         if covered is not None:
             position = min(position, covered)
-        entries = list(self.dedupe.done.items())
-        writers = list(self.dedupe.writers.items())
+        entries, writers, events = self.dedupe.snapshot()
         memory = self.filter_memory.capture(self.filters)
         self._snapshot_saved_at = self.reactor.seconds()
 
         def save() -> None:
-            dedupe.save_snapshot(self.dedupe_path, entries, position, writers)
+            dedupe.save_snapshot(self.dedupe_path, entries, position, writers, events)
             self.filter_memory.save(memory)
 
         d = threads.deferToThread(save)
@@ -569,6 +618,7 @@ class Router:
         yield "logrouter_spool_backlog_bytes", "gauge", {}, self.backlog_bytes()
         yield "logrouter_spool_failing", "gauge", {}, int(self.spool_failing)
         yield "logrouter_duplicates_total", "counter", {}, self.duplicates
+        yield "logrouter_duplicate_events_total", "counter", {}, self.duplicate_events
         yield "logrouter_unstorable_batches_total", "counter", {}, self.unstorable_batches
         yield "logrouter_sources_paused", "gauge", {}, int(self.paused)
         yield "logrouter_sources_pauses_total", "counter", {}, self.pauses
@@ -931,13 +981,8 @@ class Router:
         yield self.retired.idle()
         if self._snapshot_loaded:
             try:
-                yield threads.deferToThread(
-                    dedupe.save_snapshot,
-                    self.dedupe_path,
-                    list(self.dedupe.done.items()),
-                    self.routed_end,
-                    list(self.dedupe.writers.items()),
-                )
+                entries, writers, events = self.dedupe.snapshot()
+                yield threads.deferToThread(dedupe.save_snapshot, self.dedupe_path, entries, self.routed_end, writers, events)
             except OSError as e:
                 # A full disk must not fail the stop: the next start reads the window back
                 # from the older snapshot and the spool after it (trimmed only past a snapshot).

@@ -17,7 +17,12 @@ generators of ``bench/beats_load.py``. A program comes from one of two places:
   ``bench/lumber_send/``) is built the same way against a library from the proxy: its
   ``*.go`` files are copied into the throwaway module and ``go build .`` builds them; its
   cache folder is ``<cache_name>/<version>-<hash>/``, the hash taken over the files' names
-  and contents, so an edit of the source builds anew.
+  and contents, so an edit of the source builds anew. A package of a module that needs its
+  own ``go.mod`` (its ``replace`` directives: Filebeat in ``github.com/elastic/beats/v7``)
+  is built ``in_module``: ``go mod download -json module@version`` fetches the exact version
+  (a proxy that refuses the module's version list still serves it), then ``go build
+  package`` runs in the downloaded (read-only) module folder with a writable copy of its
+  ``go.mod``/``go.sum`` as ``-modfile``.
 
 The cache is outside the checkout, so that every clone and worktree on the machine (CI's
 fresh clone included) reuses one build: ``CACHE_DIR`` is ``$LOGROUTER_TEST_CACHE`` if set,
@@ -177,6 +182,7 @@ class GoBinary:
         main_source: Path | None = None,
         cache_dir: Path | None = None,
         peers: Path | None = None,
+        in_module: bool = False,
     ) -> None:
         if (tarball is None) == (module is None):
             raise ValueError("a GoBinary comes from a tarball or from a module, one of them")
@@ -192,6 +198,7 @@ class GoBinary:
         self.module = module
         self.package = package or module
         self.main_source = Path(main_source).resolve() if main_source is not None else None
+        self.in_module = in_module
         if tarball is not None:
             self.tarball_path: Path | None = (peers or peers_dir()) / tarball.file_name
             self.version = None
@@ -332,6 +339,8 @@ class GoBinary:
             output = workdir / self.binary_name
             if self.tarball is not None:
                 ok, detail, remember = self._build_from_tarball(go, workdir, output, deadline)
+            elif self.in_module:
+                ok, detail, remember = self._build_in_module(go, workdir, output, deadline)
             else:
                 ok, detail, remember = self._build_from_proxy(go, workdir, output, deadline)
             if not ok:
@@ -393,7 +402,30 @@ class GoBinary:
             pass
         return True, resolved, False
 
-    def _run(self, argv: list[str], cwd: Path, deadline: float) -> tuple[bool, str]:
+    def _build_in_module(self, go: str, workdir: Path, output: Path, deadline: float) -> tuple[bool, str, bool]:
+        """go mod download the exact version, then go build inside it (its go.mod applies)."""
+        spec = f"{self.module}@{self.version}"
+        ok, detail = self._run([go, "mod", "download", "-json", spec], workdir, deadline, keep_stdout=True)
+        if not ok:
+            return False, detail, True
+        try:
+            module_dir = Path(json.loads(detail)["Dir"])
+        except (ValueError, KeyError, TypeError):
+            return False, f"`go mod download` did not say where {spec} is: {detail[:200]!r}", True
+        unmet = self._check_precondition()
+        if unmet:
+            return False, unmet, False
+        # The module cache is read-only; -mod=mod may add to go.sum, so a copy is the modfile.
+        for name, copy in (("go.mod", "module.mod"), ("go.sum", "module.sum")):
+            if (module_dir / name).is_file():
+                shutil.copyfile(module_dir / name, workdir / copy)
+        argv = [go, "build", "-trimpath", f"-modfile={workdir / 'module.mod'}", "-o", str(output), self.package]
+        ok, detail = self._run(argv, module_dir, deadline)
+        if not ok:
+            return False, detail, True
+        return True, spec, False
+
+    def _run(self, argv: list[str], cwd: Path, deadline: float, keep_stdout: bool = False) -> tuple[bool, str]:
         """One go command within what is left of the build's budget; (ok, what went wrong)."""
         step = f"go {' '.join(argv[1:3])}"
         budget = f"budget {self.build_timeout:.0f}s"
@@ -410,7 +442,7 @@ class GoBinary:
         if proc.returncode != 0:
             tail = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
             return False, f"`{step}` exited {proc.returncode}: {tail}"
-        return True, ""
+        return True, proc.stdout if keep_stdout else ""
 
     def main(self) -> int:
         """``python tests/<harness>.py``: build (or say why not); the exit code."""

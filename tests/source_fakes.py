@@ -29,6 +29,7 @@ class Ingest:
     key: Any
     writer: Any
     deferred: defer.Deferred
+    events: Any = None
 
 
 class FakeRouter:
@@ -37,9 +38,9 @@ class FakeRouter:
     def __init__(self) -> None:
         self.calls: list[Ingest] = []
 
-    def ingest(self, batch: Any, key: Any = None, *, writer: Any = None) -> defer.Deferred:
+    def ingest(self, batch: Any, key: Any = None, *, writer: Any = None, events: Any = None) -> defer.Deferred:
         d: defer.Deferred = defer.Deferred()
-        self.calls.append(Ingest(batch, key, writer, d))
+        self.calls.append(Ingest(batch, key, writer, d, events))
         return d
 
     @property

@@ -141,3 +141,58 @@ def test_a_failed_build_is_remembered_a_failed_precondition_is_not(tmp_path, mon
     assert not unmet.failed.exists()
     path, why = tiny(tmp_path, tmp_path, precondition=lambda: None).ensure_built_with_reason()
     assert path is not None, why
+
+
+def module_proxy(root: Path, modules: dict[tuple[str, str], dict[str, str]]) -> str:
+    """A file:// module proxy serving ``{(module, version): files}`` (what ``go mod download`` reads)."""
+    import zipfile
+
+    for (module, version), files in modules.items():
+        folder = root / module / "@v"
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / "list", "a") as listing:
+            listing.write(version + "\n")
+        (folder / f"{version}.info").write_text(json.dumps({"Version": version, "Time": "2026-01-01T00:00:00Z"}))
+        (folder / f"{version}.mod").write_text(files["go.mod"])
+        with zipfile.ZipFile(folder / f"{version}.zip", "w") as archive:
+            for name, text in files.items():
+                archive.writestr(f"{module}@{version}/{name}", text)
+    return f"file://{root}"
+
+
+def greeting(text: str) -> dict[str, str]:
+    return {"go.mod": "module example.test/greeting\n\ngo 1.21\n",
+            "greeting.go": f'package greeting\n\nconst Text = "{text}"\n'}
+
+
+@needs_go
+def test_a_package_is_built_inside_its_downloaded_module(tmp_path, monkeypatch):
+    """``in_module``: the module's own go.mod is the main module, so its replace directives
+    apply, as Filebeat's build needs (built from another module, this one would get the
+    greeting it requires, not the one it replaces it with)."""
+    module = "example.test/inside"
+    inside = {
+        "go.mod": f"module {module}\n\ngo 1.21\n\nrequire example.test/greeting v1.0.0\n\n"
+                  "replace example.test/greeting v1.0.0 => example.test/greeting v1.1.0\n",
+        "cmd/hello/main.go": 'package main\n\nimport (\n\t"fmt"\n\n\t"example.test/greeting"\n)\n\n'
+                             "func main() { fmt.Println(greeting.Text) }\n",
+    }
+    proxy = module_proxy(tmp_path / "proxy", {
+        (module, "v1.0.0"): inside,
+        ("example.test/greeting", "v1.0.0"): greeting("required, not replaced"),
+        ("example.test/greeting", "v1.1.0"): greeting("hello from the replacement"),
+    })
+    monkeypatch.setenv("GOPROXY", proxy)
+    monkeypatch.setenv("GOSUMDB", "off")
+    monkeypatch.setattr(go_binary, "GO_DIR", tmp_path / "go")
+    monkeypatch.delenv("LOGROUTER_TEST_INSIDE_BIN", raising=False)
+    binary = GoBinary(
+        name="inside", binary="hello", bin_env="LOGROUTER_TEST_INSIDE_BIN", timeout_env="LOGROUTER_TEST_INSIDE_TIMEOUT",
+        module=module, default_version="v1.0.0", package="./cmd/hello", in_module=True, cache_dir=tmp_path / "cache",
+    )
+    path, why = binary.ensure_built_with_reason()
+    assert path is not None, why
+    assert path == tmp_path / "cache" / "hello" / "v1.0.0" / "hello"
+    assert why.endswith(f"{module}@v1.0.0")
+    out = subprocess.run([str(path)], capture_output=True, text=True, timeout=30)
+    assert out.stdout == "hello from the replacement\n"

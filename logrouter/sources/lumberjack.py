@@ -16,6 +16,10 @@ them, and answers with ``A`` frames only once events are durable:
   the Beats read timeout).
 - A batch the router fails to store closes the connection: the client re-sends every
   event that was not acknowledged.
+- Lumberjack has no batch id, so a resent event is recognised by its own key
+  (``idempotency_key``, ``logrouter.sources.event_keys``), taken before ``@metadata`` may
+  be dropped and handed to the router with each batch (``Router.ingest(events=…)``): the
+  events it stored already are acked and left out (docs/beats-exactly-once.md).
 - Bad input (a framing error, or a frame over ``max_frame_bytes``, ``max_event_bytes``,
   ``max_data_fields``, ``max_window_size``, ``max_decompressed_bytes``) closes the
   connection with a log line naming the limit. The events the same read brought before
@@ -31,9 +35,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from logrouter import registry
+from logrouter import dedupe, registry
 from logrouter.config.endpoints import listen_option
 from logrouter.config.options import Option, non_negative, positive
+from logrouter.sources import event_keys
 from logrouter.sources.acks import AckingConnection, AckingSource
 from logrouter.sources.events import NANOS, TagTemplate, batch_builder, check_tag, timestamp_ns  # noqa: F401 - re-exported
 from logrouter.sources.stream import StreamProtocol, StreamSource
@@ -83,10 +88,21 @@ class LumberjackProtocol(AckingConnection, StreamProtocol):
                 reason=message.invalid_reason,
             )
         documents = message.documents if message.documents_match else None
-        batches = source.batches(message.records, int(source.reactor.seconds() * NANOS), documents)
+        records = message.records
+        # Keys first: the batches may drop @metadata, which holds _id.
+        keys = source.event_keys(records) if source.event_keys is not None and records else None
+        batches = source.batches(records, int(source.reactor.seconds() * NANOS), documents)
         step = self.acks.add(message.window, message.ack_seq, len(batches))
+        if keys is None:
+            for batch in batches:
+                self.submit(batch, self.acks.on_durable(step))
+            return
+        if len(batches) == 1:
+            self.submit(batches[0], self.acks.on_durable(step), events=keys)
+            return
+        key_of = {id(record): key for record, key in zip(records, keys)}
         for batch in batches:
-            self.submit(batch, self.acks.on_durable(step))
+            self.submit(batch, self.acks.on_durable(step), events=[key_of[id(record)] for _, record in batch.events])
 
     # -- acknowledging (logrouter.sources.acks) ------------------------------------------
 
@@ -136,6 +152,24 @@ class LumberjackSource(AckingSource, StreamSource):
         "max_data_fields": Option(
             int, wire.DEFAULT_MAX_DATA_FIELDS, "most key/value pairs in one v1 `D` frame (one event)", positive
         ),
+        "idempotency_key": Option(
+            (str, list),
+            event_keys.AUTO,
+            "what names an event its sender may send again, so that it is stored once: `\"auto\"` "
+            "(`@metadata._id`, else Filebeat's `agent.ephemeral_id`, `log.file.path`, `log.offset` and "
+            "`@timestamp`), `\"off\"`, or a list of field paths (see docs/beats-exactly-once.md)",
+            event_keys.check_spec,
+        ),
+        "idempotency_window": Option(
+            int,
+            dedupe.EVENTS_PER_SENDER,
+            "events remembered per sender (`agent.id`) to recognise its resends; more than it may hold "
+            "unacknowledged (Filebeat: `queue.mem.events`)",
+            positive,
+        ),
+        "idempotency_senders": Option(
+            int, dedupe.SENDERS, "senders (`agent.id`) whose events are remembered; the least recently seen is forgotten first", positive
+        ),
     }
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -143,4 +177,5 @@ class LumberjackSource(AckingSource, StreamSource):
         self.invalid_events = 0
         self.tag_template = TagTemplate(self.options["tag"])
         self.batches = batch_builder(self.tag_template, drop_metadata=not self.options["keep_metadata"])
+        self.event_keys = event_keys.key_maker(self.options["idempotency_key"])
 

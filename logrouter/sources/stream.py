@@ -545,14 +545,20 @@ class StreamProtocol(protocol.Protocol, TimeoutMixin):
         self.source.decode_errors += 1
         self.finish("decode_error", "warn", "{protocol} {peer}: {reason}; closing connection", reason=reason)
 
-    def submit(self, batch: Batch, on_durable: Callable[[], None] | None = None, key: bytes | None = None) -> None:
+    def submit(
+        self, batch: Batch, on_durable: Callable[[], None] | None = None, key: bytes | None = None, events: list | None = None
+    ) -> None:
         """Hand ``batch`` to the router; call ``on_durable`` once it is stored as configured.
 
         ``key`` is the client's id for the batch, if its protocol has one: a retransmission
-        of a stored id is acked without being stored twice.
+        of a stored id is acked without being stored twice. ``events``: one idempotency
+        key per event instead (``logrouter.sources.event_keys``), for protocols without one.
         """
         batch.source = self.source.name
-        d = self.source.router.ingest(batch, key)
+        if events is None:
+            d = self.source.router.ingest(batch, key)
+        else:
+            d = self.source.router.ingest(batch, key, events=events)
         self.pending.add(d)
 
         def durable(_: Any) -> None:

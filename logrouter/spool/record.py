@@ -4,7 +4,8 @@ msgpack, because the events came in as msgpack-shaped values and the C packer is
 cheapest way back to bytes. Strings may carry lone surrogates (invalid UTF-8 received
 inside msgpack str); ``surrogateescape`` writes and reads those bytes back unchanged.
 The optional idempotency key is what lets retransmissions be recognised after a restart
-(see ``logrouter.dedupe``): ``[source, batch id]`` or ``[source, writer, event number]``.
+(see ``logrouter.dedupe``): ``[source, batch id]``, ``[source, writer, event number]``, or
+``[source, [[sender, digests], …]]`` (the keys of the batch's events, 16 bytes each).
 
 Layout: ``[version, source, tag, events, key]``. Versions: 1 knew batch ids only; 2 adds
 writer keys; 3 stores, in place of the events, what arrived: ``[format, …]`` for a batch
