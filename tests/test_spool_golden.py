@@ -28,6 +28,7 @@ import pytest
 
 from logrouter import registry
 from logrouter.batch import Batch
+from logrouter.spool import formats
 from logrouter.spool.record import decode_batch, decode_deferred, decode_key, encode_batch
 
 GOLDEN = Path(__file__).parent / "fixtures" / "spool_records"
@@ -208,6 +209,61 @@ def test_the_writer_writes_the_same_bytes(golden):
     assert encode_batch(batch, key) == payload
 
 
+def test_a_reader_that_loaded_no_source_loads_the_built_in_ones_before_it_gives_up(monkeypatch):
+    # A tool that validated no config has imported no source: the spool runs
+    # registry.load_builtin() itself (once) rather than skip the record.
+    from logrouter.sources import fluent_forward
+
+    loads = []
+
+    def load_builtin() -> None:
+        loads.append(1)
+        formats.register(fluent_forward.FORWARD_ENTRIES, ("entries", "now"), fluent_forward.events_of_entries)
+
+    monkeypatch.setattr(formats, "_FORMATS", {})
+    monkeypatch.setattr(formats, "_loaded_builtin", False)
+    monkeypatch.setattr(registry, "load_builtin", load_builtin)
+    batch, _ = decode_batch((GOLDEN / "v3-forward.record").read_bytes())
+    assert len(batch.events) == 7 and loads == [1]
+    with pytest.raises(ValueError, match="unknown packed events format 'nope'"):
+        decode_batch(msgpack.packb([3, "s", "t", ["nope", b"", 0], None], use_bin_type=True))
+    assert loads == [1]
+
+
 def test_every_golden_record_has_its_files():
     for name in golden_names():
         assert (GOLDEN / f"{name}.record").exists() and (GOLDEN / f"{name}.events").exists(), name
+
+
+def _stored_format(payload: bytes) -> str | None:
+    version, _, _, stored, _ = msgpack.unpackb(payload, raw=False, unicode_errors="surrogateescape", strict_map_key=False)
+    return stored[0] if version == 3 else None
+
+
+def test_every_registered_stored_format_has_a_golden_record():
+    registry.load_builtin()
+    pinned = {_stored_format((GOLDEN / f"{name}.record").read_bytes()) for name in golden_names()} - {None}
+    assert set(formats.registered()) == pinned
+
+
+def test_a_format_nobody_registered_is_refused_when_written_and_when_read():
+    with pytest.raises(ValueError, match="unknown packed events format 'nope'"):
+        encode_batch(Batch("t", [(1, {})], "s", packed=("nope", b"", 0)))
+    payload = msgpack.packb([3, "s", "t", ["nope", b"", 0], None], use_bin_type=True)
+    with pytest.raises(ValueError, match="unknown packed events format 'nope'"):
+        decode_batch(payload)
+
+
+def test_a_stored_format_with_other_fields_is_refused_when_written_and_when_read():
+    registry.load_builtin()
+    with pytest.raises(ValueError, match="stores entries, now"):
+        encode_batch(Batch("t", [(1, {})], "s", packed=("forward", b"")))
+    with pytest.raises(ValueError, match="holds 1 fields, not 2"):
+        decode_batch(msgpack.packb([3, "s", "t", ["forward", b""], None], use_bin_type=True))
+
+
+def test_a_name_is_registered_once():
+    registry.load_builtin()
+    name = next(iter(formats.registered()))
+    with pytest.raises(ValueError, match="registered twice"):
+        formats.register(name, ("other",), lambda other: [])
