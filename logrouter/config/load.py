@@ -19,6 +19,9 @@ from logrouter.config.http_options import HTTP_OPTIONS, check_http, http_warning
 from logrouter.config.options import Option, Problems, non_negative, one_of, positive
 from logrouter.compaction.options import COMPACTION_OPTIONS, check_compaction
 
+#: The config file the commands (``twistd logrouter``, ``logrouter run``, …) read when given none.
+DEFAULT_CONFIG = "etc/logrouter.toml"
+
 DURABILITY = ("fsync", "os", "none")
 
 SPOOL_OPTIONS: dict[str, Option] = {
@@ -72,6 +75,11 @@ class ConfigError(Exception):
     def __init__(self, errors: list[str]) -> None:
         super().__init__("\n".join(errors))
         self.errors = errors
+
+
+def invalid_config_header(path: str, errors: list[str]) -> str:
+    """The first line of a refused config's report, the same for ``check-config`` and twistd."""
+    return f"logrouter: {path}: invalid config ({len(errors)} error{'s' if len(errors) != 1 else ''}):"
 
 
 @dataclass
