@@ -201,6 +201,17 @@ def test_no_import_cycles():
     assert not problems, "\n" + "\n".join(problems)
 
 
+def test_the_spool_imports_no_protocol():
+    # It replays what the sources stored through the formats they register
+    # (spool/formats.py): a codec change must not silently change what an old spool replays.
+    edges, _ = graph()
+    protocols = [
+        (a, b) for a, targets in edges.items() if a.startswith("logrouter.spool")
+        for b in targets if b.startswith(("logrouter.sources", "logrouter.wire.")) and b != "logrouter.wire.errors"
+    ]
+    assert protocols == []
+
+
 def test_the_allowed_list_only_names_imports_that_are_still_there():
     edges, _ = graph()
     upward = upward_imports(edges)
