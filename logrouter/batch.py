@@ -8,7 +8,7 @@ router handles single events outside of a batch.
 A source may also hand over the events as they arrived, still encoded (``packed``: a
 format name and what that format stores, e.g. a PackedForward entries blob and the clock
 reading its decode used), so the spool stores those bytes instead of encoding the events
-again (``logrouter.spool.record`` lists the formats). ``packed`` must decode to exactly
+again (``logrouter.spool.formats`` holds the formats). ``packed`` must decode to exactly
 ``events``; a batch made by ``replace`` has none.
 
 A batch read back from the spool for a sink that reads events in its own worker thread

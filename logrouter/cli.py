@@ -10,8 +10,7 @@ import os
 import sys
 
 from logrouter.config.endpoints import accept_any_systemd_sockets
-from logrouter.config.load import ConfigError, load_file
-from logrouter.tap import DEFAULT_CONFIG
+from logrouter.config.load import DEFAULT_CONFIG, ConfigError, invalid_config_header, load_file
 
 
 def check_config(path: str) -> int:
@@ -30,11 +29,6 @@ def check_config(path: str) -> int:
     counts = ", ".join(f"{len(getattr(config, k))} {k}" for k in ("sources", "filters", "sinks"))
     print(f"{path}: ok ({counts})")
     return 0
-
-
-def invalid_config_header(path: str, errors: list[str]) -> str:
-    """The first line of a refused config's report, the same for ``check-config`` and twistd."""
-    return f"logrouter: {path}: invalid config ({len(errors)} error{'s' if len(errors) != 1 else ''}):"
 
 
 def plugin_cache() -> int:

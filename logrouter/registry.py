@@ -1,7 +1,10 @@
 """Component classes by kind and config type name.
 
 Modules register their classes with the decorators below; ``load_builtin()`` imports the
-modules that ship with logrouter so the config validator sees every type name.
+modules that ship with logrouter so the config validator sees every type name, every
+config section and check other packages own (``CONFIG_MODULES``, see
+``logrouter.config.sections``) and, through the sources, every stored format of the
+spool (``logrouter.spool.formats``).
 """
 
 from __future__ import annotations
@@ -43,6 +46,13 @@ BUILTIN_MODULES = (
     "logrouter.sinks.blackhole",
 )
 
+#: Modules that register config sections and checks (``logrouter.config.sections``), in
+#: the order their checks run.
+CONFIG_MODULES = (
+    "logrouter.compaction.options",
+    "logrouter.workers.plan",
+)
+
 
 def _register(table: dict[str, type], type_name: str) -> Callable[[T], T]:
     def decorate(cls: T) -> T:
@@ -68,5 +78,5 @@ def sink(type_name: str) -> Callable[[T], T]:
 
 
 def load_builtin() -> None:
-    for module in BUILTIN_MODULES:
+    for module in (*BUILTIN_MODULES, *CONFIG_MODULES):
         importlib.import_module(module)

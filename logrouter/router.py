@@ -31,6 +31,7 @@ from logrouter import dedupe, routes
 from logrouter.batch import Batch, Routing
 from logrouter.config.load import Config
 from logrouter.errors import RoutedErrors
+from logrouter.failures import UnstorableBatch
 from logrouter.filters.memory import FilterMemory
 from logrouter.feeds import SinkFeed
 from logrouter.flow import Flow
@@ -56,10 +57,6 @@ MAX_UNWRITTEN_BYTES = 64 << 20  # appended but not yet written by the spool's wo
 DRAIN_SHARE = 0.8  # of shutdown_timeout_secs, for sinks to catch up before they commit
 DEDUPE_SNAPSHOT_SECS = 10.0
 SPOOL_RETRY_SECS = (1.0, 30.0)  # first and longest pause after the spool's disk refused a write
-
-
-class UnstorableBatch(ValueError):
-    """A batch the spool cannot hold (it cannot be encoded, or is too large): refused, never acked."""
 
 
 def _all(deferreds: list[defer.Deferred]) -> defer.Deferred:

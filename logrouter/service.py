@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from typing import Any
 
 from twisted.application import service
@@ -11,6 +9,7 @@ from twisted.internet import defer, error
 from twisted.logger import Logger
 
 from logrouter.config.load import Config
+from logrouter.failures import exit_failed
 from logrouter.reload_queue import ReloadQueue
 from logrouter.router import Router
 
@@ -41,10 +40,6 @@ class RouterService(service.Service):
 
         for warning in warnings(self.config):
             self.log.warn("config: {warning}", warning=warning)
-        if self.config.router.get("workers") == "auto":
-            from logrouter.workers.plan import workers
-
-            self.log.info("workers = auto: one process ({why})", why=workers(self.config)[1] or "one core")
         quiet_repeated_stops(self.reactor, self.log)
         if self.config_path is not None and self._spool_lock is None:  # a real process, not a test's
             from logrouter.spool.lock import SpoolInUse, lock_spool
@@ -220,11 +215,5 @@ def fail_start(reactor: Any, log: Logger, why: str) -> None:
     running, serving nothing. The stop is therefore made once the reactor runs (at once
     if it already does)."""
     log.critical("logrouter could not start: {error}", error=why)
-    reactor.addSystemEventTrigger("after", "shutdown", _exit_failed)
+    reactor.addSystemEventTrigger("after", "shutdown", exit_failed)
     reactor.callWhenRunning(lambda: reactor.stop())
-
-
-def _exit_failed() -> None:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(1)

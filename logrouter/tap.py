@@ -7,9 +7,8 @@ import sys
 
 from twisted.python import usage
 
-from logrouter.config.load import ConfigError, load_string, read_text
-
-DEFAULT_CONFIG = "etc/logrouter.toml"
+from logrouter.config.load import DEFAULT_CONFIG, ConfigError, invalid_config_header, load_string, read_text
+from logrouter.failures import EXIT_FAILURE
 
 
 class Options(usage.Options):
@@ -25,19 +24,22 @@ def makeService(options: Options):
         text = read_text(options["config"])  # with workers, the text they all start from
         config = load_string(text, options["config"])
     except ConfigError as e:
-        from logrouter.cli import invalid_config_header
-
         print(invalid_config_header(options["config"], e.errors), file=sys.stderr)
         for error in e.errors:
             print(f"  {error}", file=sys.stderr)
-        raise SystemExit(1)
+        raise SystemExit(EXIT_FAILURE)
     raise_open_files_limit()
-    from logrouter.workers.plan import processes
+    from logrouter.workers.plan import processes, workers
 
     if processes(config) > 1:
         from logrouter.workers.supervisor import SupervisorService
 
         return SupervisorService(config, config_path=os.path.abspath(options["config"]), config_text=text)
+    if config.router.get("workers") == "auto":
+        from twisted.logger import Logger
+
+        why = workers(config)[1] or "one core"
+        Logger(namespace="logrouter").info("workers = auto: one process ({why})", why=why)
     return RouterService(config, config_path=os.path.abspath(options["config"]))
 
 

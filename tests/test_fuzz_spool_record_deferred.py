@@ -17,7 +17,8 @@ from hypothesis import strategies as st
 
 from fuzz_helpers import fuzz_settings, mutated
 from logrouter.batch import Batch
-from logrouter.spool.record import FORWARD_ENTRIES, decode_batch, decode_deferred, encode_batch
+from logrouter.sources.fluent_forward import FORWARD_ENTRIES
+from logrouter.spool.record import decode_batch, decode_deferred, encode_batch
 
 T0 = 1_700_000_000 * 10**9
 

@@ -8,7 +8,8 @@ from twisted.internet import defer
 from helpers import spin
 from logrouter.batch import Batch
 from logrouter.config.load import load_string
-from logrouter.router import Router, UnstorableBatch
+from logrouter.failures import UnstorableBatch
+from logrouter.router import Router
 
 
 @pytest.fixture

@@ -22,9 +22,9 @@ from logrouter.batch import Batch
 from logrouter.config.load import load_string
 from logrouter.router import Router
 from logrouter.sinks.base import SINK_OPTIONS, SinkBase
-from logrouter.sources.fluent_forward import FluentForwardSource
 from logrouter.spool.log import SpoolLog
-from logrouter.spool.record import FORWARD_ENTRIES, decode_batch, decode_key, encode_batch
+from logrouter.sources.fluent_forward import FORWARD_ENTRIES, FluentForwardSource
+from logrouter.spool.record import decode_batch, decode_key, encode_batch
 from fixtures.forward_encode import encode_forward
 from logrouter.wire import fluent_forward as wire
 from logrouter.wire import forward_entries, forward_framing, forward_packed

@@ -1,8 +1,8 @@
 """The ``[compaction]`` config section: its keys, defaults and checks.
 
-``logrouter.config.load`` type-checks the table against ``COMPACTION_OPTIONS`` like
-every other section, then ``check_compaction`` checks what needs the whole config
-(the sinks it names must be parquet sinks).
+Registered as a ``config.sections.Section``: ``logrouter.config.load`` type-checks the
+table against ``COMPACTION_OPTIONS`` like every other section, then ``check_compaction``
+checks what needs the whole config (the sinks it names must be parquet sinks).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import re
 import shutil
 from typing import Any
 
+from logrouter.config import sections
 from logrouter.config.options import Option, list_of, non_negative, positive
 
 DEFAULT_TARGET_FILE_BYTES = 256 << 20
@@ -81,6 +82,15 @@ def check_compaction(compaction: dict[str, Any], sinks: dict[str, Any], errors: 
             errors.append(f"compaction.sinks[{index}]: sink {name!r} is not a parquet sink")
     if compaction.get("enabled") and not parquet:
         errors.append("compaction.enabled: there is no parquet sink to compact")
+
+
+def _check_section(compaction: dict[str, Any], tables: sections.Tables) -> list[str]:
+    errors: list[str] = []
+    check_compaction(compaction, tables.sinks, errors)
+    return errors
+
+
+SECTION = sections.register_section(sections.Section("compaction", COMPACTION_OPTIONS, _check_section))
 
 
 def lake_urls(compaction: dict[str, Any], sinks: dict[str, Any]) -> list[str]:

@@ -41,14 +41,12 @@ def add_arguments(parser: Any) -> None:
 
 
 def _settings(args: Any, out: TextIO) -> tuple[dict[str, Any], list[str]] | None:
-    from logrouter.config.load import ConfigError, load_file  # noqa: PLC0415
+    from logrouter.config.load import DEFAULT_CONFIG, ConfigError, load_file  # noqa: PLC0415
 
     options = {k: o.default for k, o in COMPACTION_OPTIONS.items()}
     lakes = list(args.path)
     config_path = args.config
     if config_path is None and not lakes:
-        from logrouter.tap import DEFAULT_CONFIG  # noqa: PLC0415
-
         config_path = DEFAULT_CONFIG
     if config_path is not None:
         try:

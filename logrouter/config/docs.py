@@ -53,23 +53,31 @@ _TITLES = {"sources": "source", "filters": "filter", "sinks": "sink"}
 
 
 def _shared() -> dict[str, type]:
-    """The bases whose options a whole family of components shares: section -> base class."""
-    from logrouter.sinks.base import SinkBase
-    from logrouter.sources.stream import StreamSource
+    """The bases whose options a whole family of components shares: section -> base class.
+    A base names its section in ``OPTIONS_FAMILY`` (``StreamSource``: ``sources.stream``)."""
+    from logrouter import registry
 
-    return {"sources.stream": StreamSource, "sinks.common": SinkBase}
+    found: dict[str, type] = {}
+    for kind in KINDS:
+        for cls in registry.KINDS[kind].values():
+            for base in cls.__mro__:
+                section = vars(base).get("OPTIONS_FAMILY")
+                if section is not None:
+                    found.setdefault(section, base)
+    return found
 
 
 def sections() -> dict[str, dict[str, Option]]:
     """Every section's options."""
     from logrouter import registry
-    from logrouter.config.load import COMPACTION_OPTIONS, ROUTER_OPTIONS, SPOOL_OPTIONS
+    from logrouter.config import sections as owned
+    from logrouter.config.load import ROUTER_OPTIONS, SPOOL_OPTIONS
 
     registry.load_builtin()
     out: dict[str, dict[str, Option]] = {
         "router": ROUTER_OPTIONS,
         "spool": SPOOL_OPTIONS,
-        "compaction": COMPACTION_OPTIONS,
+        **{name: section.options for name, section in owned.SECTIONS.items()},
     }
     shared: dict[type, dict[str, Option]] = {}
     for kind in KINDS:

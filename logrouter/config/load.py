@@ -14,10 +14,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from logrouter import registry
-from logrouter.config import endpoints
+from logrouter.config import endpoints, sections
 from logrouter.config.http_options import HTTP_OPTIONS, check_http, http_warnings
 from logrouter.config.options import Option, Problems, non_negative, one_of, positive
-from logrouter.compaction.options import COMPACTION_OPTIONS, check_compaction
+
+#: The config file the commands (``twistd logrouter``, ``logrouter run``, …) read when given none.
+DEFAULT_CONFIG = "etc/logrouter.toml"
 
 DURABILITY = ("fsync", "os", "none")
 
@@ -62,7 +64,6 @@ ROUTER_OPTIONS: dict[str, Option] = {
     ),
 }
 
-TOP_LEVEL = ("router", "spool", "sources", "filters", "sinks", "compaction")
 COMPONENT_KINDS = ("sources", "filters", "sinks")
 
 
@@ -72,6 +73,11 @@ class ConfigError(Exception):
     def __init__(self, errors: list[str]) -> None:
         super().__init__("\n".join(errors))
         self.errors = errors
+
+
+def invalid_config_header(path: str, errors: list[str]) -> str:
+    """The first line of a refused config's report, the same for ``check-config`` and twistd."""
+    return f"logrouter: {path}: invalid config ({len(errors)} error{'s' if len(errors) != 1 else ''}):"
 
 
 @dataclass
@@ -98,7 +104,7 @@ class Config:
     sources: dict[str, Component]
     filters: dict[str, Component]
     sinks: dict[str, Component]
-    compaction: dict[str, Any] = field(default_factory=lambda: {k: o.default for k, o in COMPACTION_OPTIONS.items()})
+    compaction: dict[str, Any] = field(default_factory=lambda: sections.defaults("compaction"))
 
     def downstream(self, name: str) -> list[Component]:
         """Filters and sinks that name ``name`` among their inputs, in config order.
@@ -195,23 +201,27 @@ def load_string(text: str, origin: str = "") -> Config:
 def validate(raw: dict[str, Any]) -> Config:
     registry.load_builtin()
     errors: list[str] = []
+    top_level = ("router", "spool", *COMPONENT_KINDS, *sections.SECTIONS)
     for key in raw:
-        if key not in TOP_LEVEL:
-            errors.append(f"{key}: unknown section (allowed: {', '.join(TOP_LEVEL)})")
+        if key not in top_level:
+            errors.append(f"{key}: unknown section (allowed: {', '.join(top_level)})")
     router = _check_table("router", raw.get("router", {}), ROUTER_OPTIONS, errors)
     check_http(router, errors)
     spool = _check_table("spool", raw.get("spool", {}), SPOOL_OPTIONS, errors)
     components = {kind: _read_components(kind, raw.get(kind, {}), errors) for kind in COMPONENT_KINDS}
     _check_graph(components, errors)
     _check_listeners(components["sources"], errors)
-    compaction = _check_table("compaction", raw.get("compaction", {}), COMPACTION_OPTIONS, errors)
-    check_compaction(compaction, components["sinks"], errors)
-    from logrouter.workers.plan import check as check_workers
-
-    workers = router.get("workers", 1)
-    errors.extend(check_workers(components["sources"], components["sinks"], workers if type(workers) is int else 1))
+    tables = sections.Tables(router, spool, components["sources"], components["filters"], components["sinks"])
+    owned: dict[str, dict[str, Any]] = {}  # the sections other packages own (compaction)
+    for name, section in sections.SECTIONS.items():
+        owned[name] = _check_table(name, raw.get(name, {}), section.options, errors)
+        if section.check is not None:
+            errors.extend(section.check(owned[name], tables))
+    for check in sections.CHECKS:
+        errors.extend(check(tables))
     if errors:
         raise ConfigError(errors)
+    compaction = owned.get("compaction", sections.defaults("compaction"))
     return Config(router, spool, components["sources"], components["filters"], components["sinks"], compaction)
 
 

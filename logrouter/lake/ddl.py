@@ -148,8 +148,7 @@ def add_parser(commands: Any) -> None:
 def _lake_url(args: Any, out: TextIO) -> str | None:
     if args.path:
         return args.path
-    from logrouter.config.load import ConfigError, load_file  # noqa: PLC0415
-    from logrouter.tap import DEFAULT_CONFIG  # noqa: PLC0415
+    from logrouter.config.load import DEFAULT_CONFIG, ConfigError, load_file  # noqa: PLC0415
 
     path = args.config or DEFAULT_CONFIG
     try:

@@ -53,6 +53,7 @@ class SinkBase:
     """Bookkeeping shared by sinks: progress numbers, callbacks and retry backoff."""
 
     OPTIONS = SINK_OPTIONS
+    OPTIONS_FAMILY = "sinks.common"  # the docs' table of the options every sink shares
     # Counters a sink class keeps, as attribute -> help; each is exported as
     # logrouter_sink_<attribute>_total by samples(). Sink classes declare their own.
     COUNTERS: ClassVar[dict[str, str]] = {}

@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from logrouter.batch import Batch
+from logrouter.spool import formats
 from logrouter.wire import json_text
 
 NANOS = 1_000_000_000
@@ -327,11 +328,6 @@ def timed_events(records: list[dict[str, Any]], now: int) -> list[tuple[int, dic
     return events
 
 
-# The name of the spool's packed form of a batch built here from JSON documents (see
-# ``logrouter.spool.record``). ``events_of_documents`` must keep giving the same events
-# for the same stored documents (so must ``timed_events``, ``_stamp_times``, ``_time_of``
-# and ``json_text.loads``, which it calls): a change to that needs a new name.
-JSON_DOCUMENTS = "json-documents"
 
 
 def _loads_shallow(document: bytes) -> Any:
@@ -375,6 +371,13 @@ def events_of_documents(documents: list[bytes], now: int, drop_metadata: bool) -
         for r in records:
             r.pop("@metadata", None)
     return timed_events(records, now)
+
+
+# The spool's stored format of a batch built here from JSON documents (see
+# ``logrouter.spool.formats``). ``events_of_documents`` must keep giving the same events
+# for the same stored documents (so must ``timed_events``, ``_stamp_times``, ``_time_of``
+# and ``json_text.loads``, which it calls): a change to that needs a new name.
+JSON_DOCUMENTS = formats.register("json-documents", ("documents", "now", "drop_metadata"), events_of_documents).name
 
 
 def batch_builder(

@@ -60,13 +60,24 @@ from logrouter.config.endpoints import listen_option
 from logrouter.config.options import Option, non_negative, positive
 from logrouter.sources.offload import IteratorRun, OffloadPool
 from logrouter.sources.stream import HandshakeDone, HandshakeFailed, StreamProtocol, StreamSource
-from logrouter.spool.record import FORWARD_ENTRIES
+from logrouter.spool import formats
 from logrouter.wire import fluent_forward as wire
 from logrouter.wire import fluent_handshake as handshake
 
 HEARTBEAT_REPLY = b"\x00"
 MAX_PART_BYTES = 128 << 20  # a part is one spool record, and the spool caps those at 256 MiB
 OFFLOAD_HOLD = "offload"  # the hold_reading reason while a connection's message is worked on
+
+
+def events_of_entries(entries: bytes, now: int | None) -> list:
+    """The events of a stored PackedForward entries blob (inflated) whose time-0 entries
+    got the clock reading ``now``: ``wire.decode_entries``, which must keep giving the
+    same events for the same bytes (else the format needs a new name)."""
+    return wire.decode_entries(entries, now)[0]
+
+
+# A PackedForward message's entries are stored as received (``Batch.packed``).
+FORWARD_ENTRIES = formats.register("forward", ("entries", "now"), events_of_entries).name
 
 
 def part_key(chunk: bytes | None, index: int) -> bytes | None:

@@ -644,6 +644,7 @@ class StreamSource:
     # router may hold this source while a sink drains its queue (see Router._sink_full).
     PUSHES_BACK = True
     OPTIONS: dict[str, Option] = {"listen": listen_option(None), **STREAM_OPTIONS, **TLS_OPTIONS}
+    OPTIONS_FAMILY = "sources.stream"  # the docs' table of the options every stream source shares
     # Older names of ssl_client_authentication a source still accepts, as
     # {key: {value: the mode it stands for}}; other values of the key say nothing
     # (fluent_forward: {"verify_client": {True: "required"}}). Such keys need their own Option.

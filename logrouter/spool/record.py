@@ -9,20 +9,10 @@ The optional idempotency key is what lets retransmissions be recognised after a 
 
 Layout: ``[version, source, tag, events, key]``. Versions: 1 knew batch ids only; 2 adds
 writer keys; 3 stores, in place of the events, what arrived: ``[format, …]`` for a batch
-that carries it (``Batch.packed``), so storing costs a copy of those bytes instead of
-encoding every event. Formats:
-
-- ``"forward"``, ``[format, entries, now]``: a PackedForward entries blob (inflated) and
-  the clock reading its time-0 entries got, decoded again by
-  ``wire.fluent_forward.decode_entries``;
-- ``"json-documents"``, ``[format, documents, now, drop_metadata]``: the JSON texts of a
-  Beats window's events (one bin each) and the clock reading events without a usable
-  ``@timestamp`` got, turned into events again by ``sources.events.events_of_documents``.
-
-Each gives exactly the events the live path routed. Those decodes must stay stable: a
-change to what one yields for the same bytes needs a new format name here. Batches
-without ``packed`` are written as version 2. Every version is read, so a spool written
-before an upgrade still replays.
+that carries it (``Batch.packed``), one of the stored formats the sources register in
+``logrouter.spool.formats``, which reads it back. Batches without ``packed`` are written
+as version 2. Every version is read, so a spool written before an upgrade still replays;
+``tests/test_spool_golden.py`` holds a record of each as written.
 """
 
 from __future__ import annotations
@@ -33,14 +23,11 @@ import msgpack
 import msgspec
 
 from logrouter.batch import Batch
-from logrouter.sources.events import JSON_DOCUMENTS, events_of_documents
-from logrouter.wire.fluent_forward import decode_entries
+from logrouter.spool import formats
 
 VERSION = 2  # batches of decoded events
 PACKED_VERSION = 3  # batches that carry what arrived
 READABLE_VERSIONS = (1, 2, 3)
-FORWARD_ENTRIES = "forward"
-PACKED_FORMATS = (FORWARD_ENTRIES, JSON_DOCUMENTS)
 _PACK = {"use_bin_type": True, "unicode_errors": "surrogateescape"}
 _UNPACK = {"raw": False, "unicode_errors": "surrogateescape", "strict_map_key": False, "use_list": True}
 
@@ -54,8 +41,7 @@ _JSON_VALUES_REFUSED = (TypeError, ValueError, OverflowError)  # lone surrogates
 def encode_batch(batch: Batch, key: tuple | None = None) -> bytes:
     packed = batch.packed
     if packed is not None:
-        if packed[0] not in PACKED_FORMATS:  # a record replay could not read: refuse it now
-            raise ValueError(f"unknown packed events format {packed[0]!r}")
+        formats.check(packed)  # a record replay could not read: refuse it now
         return msgpack.packb((PACKED_VERSION, batch.source, batch.tag, packed, key), **_PACK)
     body = (VERSION, batch.source, batch.tag, batch.events, key)
     if batch.json_values:
@@ -73,15 +59,7 @@ def _key(key: list | None) -> tuple | None:
 def decode_batch(payload: bytes) -> tuple[Batch, tuple | None]:
     version, source, tag, events, key = msgpack.unpackb(payload, **_UNPACK)
     if version == PACKED_VERSION:
-        form = events[0]
-        if form == FORWARD_ENTRIES:
-            _, entries, now = events
-            events, _ = decode_entries(entries, now)
-        elif form == JSON_DOCUMENTS:
-            _, documents, now, drop_metadata = events
-            events = events_of_documents(documents, now, drop_metadata)
-        else:
-            raise ValueError(f"unknown packed events format {form!r} in a spool record")
+        events = formats.decode(events)
     elif version not in READABLE_VERSIONS:
         raise ValueError(f"unknown spool record version {version}")
     # Events come back as [time_ns, record] lists (versions 1, 2) or tuples (3); both

@@ -55,7 +55,7 @@ def fetch(url: str, timeout: float = 5.0, clock: Callable[[], float] = time.mono
 def run(args: Any, out: Any = None) -> int:
     from rich.console import Console
 
-    from logrouter.tap import DEFAULT_CONFIG
+    from logrouter.config.load import DEFAULT_CONFIG
 
     console = Console(file=out) if out is not None else Console()
     if not console.is_terminal:

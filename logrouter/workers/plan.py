@@ -29,6 +29,7 @@ import re
 import zlib
 from typing import Any
 
+from logrouter.config import sections
 from logrouter.config.endpoints import listen_address
 
 WORKER_DIR = re.compile(r"^worker-([1-9][0-9]*)$")
@@ -208,3 +209,10 @@ def check(sources: dict[str, Any], sinks: dict[str, Any], workers: int) -> list[
     if workers <= 1:
         return []
     return [f"{reason}; it needs [router] workers = 1" for reason in single_process_reasons(sources, sinks)]
+
+
+@sections.register_check
+def check_config(tables: sections.Tables) -> list[str]:
+    """``check`` in config validation (registered with ``config.sections``)."""
+    workers = tables.router.get("workers", 1)
+    return check(tables.sources, tables.sinks, workers if type(workers) is int else 1)

@@ -32,6 +32,7 @@ from twisted.internet import defer
 from twisted.logger import FileLogObserver, Logger, formatEvent, globalLogBeginner
 
 from logrouter.config.load import Config, ConfigError, load_string
+from logrouter.failures import EXIT_FAILURE
 from logrouter.service import RouterService
 from logrouter.workers.channel import MAX_FDS, MAX_MESSAGE, Channel, PassedConnections
 from logrouter.workers.plan import worker_config
@@ -52,7 +53,7 @@ def die_with_parent(parent: int) -> None:
     except (OSError, AttributeError):
         pass  # not Linux: a dead supervisor's closed channel stops the worker instead
     if os.getppid() != parent:
-        os._exit(1)
+        os._exit(EXIT_FAILURE)
 
 
 def bind_to_cpu(cpu: int) -> None:
@@ -260,7 +261,7 @@ def main(argv: list[str] | None = None) -> None:
     except ConfigError as e:
         for error in e.errors:
             print(f"[logrouter.worker#error] config: {error}", flush=True)
-        raise SystemExit(1)
+        raise SystemExit(EXIT_FAILURE)
     passed = PassedConnections(reactor, shared)
     service = WorkerService(config, reactor, args.config, args.index, args.count, passed, channel_socket)
     # Ctrl-C reaches the whole process group; the supervisor turns it into the SIGTERM

@@ -1,0 +1,84 @@
+"""The stored formats of the spool: the forms a record may keep a batch's events in, by
+name, and how each is read back. The spool owns this registry; the spool imports no
+protocol.
+
+A record (``logrouter.spool.record``) of version 1 or 2 holds decoded events, the spool's
+own form. A record of version 3 holds what a source received, ``[name, *fields]`` (the
+``Batch.packed`` the source made), so storing it costs a copy of those bytes instead of
+encoding every event. The source whose batches carry a format registers it here when its
+module is imported: the format's name, the names of its fields, and ``decode(*fields)``,
+which must give exactly the events the source routed live. ``registry.load_builtin()``
+imports every built-in source, and config validation runs it, so every built-in format
+is known before a router reads a spool; a reader that meets a name nobody registered
+(a tool that validated no config) runs it once itself before it gives up on the record.
+
+**A name is a version.** A spool written before an upgrade is replayed after it, so a
+decoder must give the same events for the same fields for as long as such spools may
+exist: a change to what it yields needs a new name, registered beside the old one, which
+stays. ``tests/test_spool_golden.py`` holds a record of each registered format as written
+and fails for a format without one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from logrouter.batch import Event
+
+
+@dataclass(frozen=True)
+class StoredFormat:
+    name: str
+    fields: tuple[str, ...]  # what follows the name in a stored record, in order
+    decode: Callable[..., list[Event]]  # decode(*fields): the events
+
+
+_FORMATS: dict[str, StoredFormat] = {}
+_loaded_builtin = False
+
+
+def register(name: str, fields: tuple[str, ...], decode: Callable[..., list[Event]]) -> StoredFormat:
+    """Declare the stored format ``name`` (see the module's docstring for what that binds)."""
+    stored = StoredFormat(name, tuple(fields), decode)
+    existing = _FORMATS.get(name)
+    if existing is not None and existing != stored:
+        raise ValueError(f"stored format {name!r} registered twice")
+    _FORMATS[name] = stored
+    return stored
+
+
+def registered() -> dict[str, StoredFormat]:
+    """Every stored format registered so far, by name."""
+    return dict(_FORMATS)
+
+
+def _lookup(name: Any) -> StoredFormat | None:
+    global _loaded_builtin
+    stored = _FORMATS.get(name)
+    if stored is None and not _loaded_builtin:
+        from logrouter import registry
+
+        _loaded_builtin = True
+        registry.load_builtin()
+        stored = _FORMATS.get(name)
+    return stored
+
+
+def check(packed: tuple) -> None:
+    """Refuse (``ValueError``) a ``Batch.packed`` a replay could not read back."""
+    stored = _lookup(packed[0])
+    if stored is None:
+        raise ValueError(f"unknown packed events format {packed[0]!r}")
+    if len(packed) != 1 + len(stored.fields):
+        raise ValueError(f"packed events format {stored.name!r} stores {', '.join(stored.fields)}; got {len(packed) - 1} fields")
+
+
+def decode(packed: list) -> list[Event]:
+    """The events of a version 3 record's ``[name, *fields]``; ``ValueError`` if unreadable."""
+    stored = _lookup(packed[0])
+    if stored is None:
+        raise ValueError(f"unknown packed events format {packed[0]!r} in a spool record")
+    if len(packed) != 1 + len(stored.fields):
+        raise ValueError(f"a spool record of format {stored.name!r} holds {len(packed) - 1} fields, not {len(stored.fields)}")
+    return stored.decode(*packed[1:])
