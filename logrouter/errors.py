@@ -10,6 +10,9 @@ one batch under the id ``(position, tag)``: a replay from the spool (a restart, 
 sink catching up through the same filter) reports the same failures again and the
 router's id window stores them once. Errors reported outside the routing of a spool
 record (a sink's asynchronous refusal) have no position and are stored at least once.
+
+``UnstorableBatch`` is what the router refuses a batch with that the spool cannot hold:
+sources import it from here, below them, to answer that sender only.
 """
 
 from __future__ import annotations
@@ -22,6 +25,10 @@ from logrouter.batch import Batch
 
 #: a routed dead letter is logged at most this often per component (the rest are counted)
 LOG_INTERVAL_SECS = 10.0
+
+
+class UnstorableBatch(ValueError):
+    """A batch the spool cannot hold (it cannot be encoded, or is too large): refused, never acked."""
 
 
 class ErrorPath(Protocol):

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from twisted.internet import defer, task
 
-from logrouter.router import UnstorableBatch
+from logrouter.errors import UnstorableBatch
 from logrouter.sources import logjam as logjam_source
 from logrouter.sources.logjam import LogjamSource
 from logrouter.sources.zmq_receiver import ROUTER, Received

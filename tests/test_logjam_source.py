@@ -17,7 +17,7 @@ import pytest
 import zmq
 from twisted.internet import task
 
-from logrouter.router import UnstorableBatch
+from logrouter.errors import UnstorableBatch
 from logrouter.sources.logjam import LogjamSource
 from logrouter.wire import logjam as wire
 from tests.source_fakes import T0, FakeRouter, fake_context, log_lines  # noqa: F401 - log_lines is a fixture

@@ -14,7 +14,7 @@ from twisted.internet import defer
 import source_fakes
 from source_fakes import FakeRouter
 from logrouter.pravega.streams import StreamRegistry
-from logrouter.router import UnstorableBatch
+from logrouter.errors import UnstorableBatch
 from logrouter.sources.pravega import PravegaSource
 from logrouter.wire import pravega as wire
 

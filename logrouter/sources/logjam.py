@@ -64,7 +64,7 @@ from logrouter import registry
 from logrouter.batch import Batch
 from logrouter.config.options import Option, list_of, positive
 from logrouter.config.zmq_endpoints import bind_option, check_connect_endpoints
-from logrouter.router import UnstorableBatch
+from logrouter.errors import UnstorableBatch
 from logrouter.sources.base import Sample, SourceBase
 from logrouter.sources.drops import DroppedMessages
 from logrouter.sources.events import NANOS, TagTemplate, check_tag, time_from_fields
