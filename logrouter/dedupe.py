@@ -20,12 +20,13 @@ ids of every spool record after the snapshot's position.
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict
 from typing import Any, Iterable
 
 import msgpack
 from twisted.internet import defer
+
+from logrouter.atomic_file import replace_file
 
 Key = tuple  # (source, batch id) or (source, writer, event number)
 BatchKey = tuple[str, bytes]
@@ -135,12 +136,7 @@ def save_snapshot(
             [[source, writer, number] for (source, writer), number in writers],
         ]
     )
-    temporary = path + ".tmp"
-    with open(temporary, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, path)
+    replace_file(path, data)
 
 
 def load_snapshot(path: str) -> tuple[list[tuple[Key, int]], int]:

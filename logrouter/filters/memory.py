@@ -34,6 +34,7 @@ import msgpack
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from logrouter.atomic_file import replace_file
 from logrouter.batch import Routing
 from logrouter.serial import defer_to_thread
 from logrouter.spool.record import decode_batch
@@ -187,12 +188,7 @@ class FilterMemory:
             for entry in filters.values():
                 entry[3] = _packable(entry[3])
             data = msgpack.packb([VERSION, filters], use_bin_type=True)
-        temporary = self.path + ".tmp"
-        with open(temporary, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, self.path)
+        replace_file(self.path, data)
 
     def release(self, filters: dict[str, Any], position: int) -> None:
         for component in remembering(filters).values():
