@@ -26,12 +26,13 @@ ids of every spool record after the snapshot's position.
 
 from __future__ import annotations
 
-import os
 from collections import OrderedDict, deque
 from typing import Any, Callable, Iterable
 
 import msgpack
 from twisted.internet import defer
+
+from logrouter.atomic_file import replace_file
 
 Key = tuple  # (source, batch id) or (source, writer, event number)
 BatchKey = tuple[str, bytes]
@@ -350,12 +351,7 @@ def save_snapshot(
             [[source, sender, b"".join(digests)] for source, sender, digests in events],
         ]
     )
-    temporary = path + ".tmp"
-    with open(temporary, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, path)
+    replace_file(path, data)
 
 
 def load_snapshot(path: str) -> tuple[list[tuple[Key, int]], int]:

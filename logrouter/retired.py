@@ -31,7 +31,7 @@ from twisted.python.failure import Failure
 from logrouter import registry, routes
 from logrouter.config.load import ERRORS_OUTPUT, Component, Config, split_input
 from logrouter.serial import defer_to_thread
-from logrouter.sinks.state import replace_file
+from logrouter.atomic_file import replace_file
 
 FILE = "routes.json"
 _DATES = {"datetime": datetime.datetime, "date": datetime.date, "time": datetime.time}

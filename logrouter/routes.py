@@ -168,3 +168,12 @@ def filter_reach(routes: dict[str, list[Any]]) -> dict[str, frozenset[str]]:
         found[node.name] = found.get(node.name, frozenset()) | node.reach
         stack.extend(child for group in node.children.values() for child in group)
     return found
+
+
+def filtered_sources(routes: dict[str, list[Any]], sink: str) -> frozenset[str]:
+    """The batch sources with a route through a filter to ``sink``."""
+    return frozenset(
+        source
+        for source, nodes in routes.items()
+        if any(isinstance(node, FilterNode) and sink in node.reach for node in nodes)
+    )

@@ -21,7 +21,8 @@ from helpers import spin
 from logrouter import dedupe
 from logrouter.batch import Batch
 from logrouter.config.load import ConfigError, load_string
-from logrouter.router import Router, UnstorableBatch
+from logrouter.failures import UnstorableBatch
+from logrouter.router import Router
 from logrouter.sources import event_keys
 from logrouter.sources.lumberjack import LumberjackSource
 from logrouter.spool.record import decode_batch, decode_key
@@ -262,14 +263,14 @@ def test_resent_events_are_acked_and_stored_once_also_after_a_kill(make_router):
     plain = {"message": "no key"}
     batch, keys = beats_batch([lines[2], lines[3], lines[4], plain])
     spin(reactor, router.ingest(batch, events=keys))
-    assert router.duplicate_events == 2 and router.events_in == 6
+    assert router.intake.duplicate_events == 2 and router.intake.events_in == 6
     make_router.close(router)
     # kill -9: no snapshot; the windows come back from the spool records.
     again = make_router()
-    again._load_dedupe()
+    again.snapshots.load_ids()
     batch, keys = beats_batch([*lines, plain])
     spin(reactor, again.ingest(batch, events=keys))
-    assert again.duplicate_events == 5 and again.events_in == 2
+    assert again.intake.duplicate_events == 5 and again.intake.events_in == 2
     assert [r["message"] for r in stored_events(again)] == [
         *(r["message"] for r in lines[:4]), "line at 40", "no key", "line at 50", "no key"]
 
@@ -287,7 +288,7 @@ def test_older_lines_sent_after_newer_ones_and_a_rotated_file_are_stored(make_ro
     spin(reactor, router.ingest(older, events=keys))
     rotated, keys = beats_batch([line(n * 10, stamp="2026-11-27T04:10:00.000Z") for n in range(5)])
     spin(reactor, router.ingest(rotated, events=keys))
-    assert router.events_in == 25 and router.duplicate_events == 0
+    assert router.intake.events_in == 25 and router.intake.duplicate_events == 0
 
 
 def test_a_batch_of_only_stored_events_is_acked_without_a_spool_record(make_router):
@@ -299,7 +300,7 @@ def test_a_batch_of_only_stored_events_is_acked_without_a_spool_record(make_rout
     end = router.spool.end
     batch, keys = beats_batch([line(10), line(0)])
     d = router.ingest(batch, events=keys)
-    assert d.called and router.spool.end == end and router.duplicates == 1
+    assert d.called and router.spool.end == end and router.intake.duplicates == 1
 
 
 def test_a_resend_while_the_first_copy_is_being_stored_is_acked_only_once_that_is_durable(make_router):
@@ -312,21 +313,21 @@ def test_a_resend_while_the_first_copy_is_being_stored_is_acked_only_once_that_i
     resent = router.ingest(batch, events=keys)
     assert not first.called and not resent.called
     spin(reactor, resent)
-    assert first.called and router.events_in == 3
+    assert first.called and router.intake.events_in == 3
 
 
 def test_events_of_a_batch_that_cannot_be_stored_may_come_again(make_router, monkeypatch):
     from twisted.internet import reactor
 
     router = make_router()
-    monkeypatch.setattr("logrouter.router.MAX_PAYLOAD", 2000)
+    monkeypatch.setattr("logrouter.ingest.MAX_PAYLOAD", 2000)
     batch, keys = beats_batch([line(0, message="x" * 3000)])
     failures: list = []
     router.ingest(batch, events=keys).addErrback(failures.append)
     assert failures and failures[0].check(UnstorableBatch)
     resent, resent_keys = beats_batch([line(0)])  # claimed by the refused batch before the fix
     spin(reactor, router.ingest(resent, events=resent_keys))
-    assert router.events_in == 1 and router.duplicate_events == 0
+    assert router.intake.events_in == 1 and router.intake.duplicate_events == 0
 
 
 def test_the_window_sizes_are_the_sources_options(make_router):
@@ -340,7 +341,7 @@ def test_the_window_sizes_are_the_sources_options(make_router):
         spin(reactor, router.ingest(batch, events=keys))
     batch, keys = beats_batch([line(0)])
     spin(reactor, router.ingest(batch, events=keys))
-    assert router.events_in == 4  # line 0 was forgotten: stored again (at least once)
+    assert router.intake.events_in == 4  # line 0 was forgotten: stored again (at least once)
 
 
 # -- the lumberjack source hands the keys over -------------------------------------------------
@@ -399,5 +400,5 @@ def test_a_resent_window_on_a_new_connection_is_acked_and_not_stored_again(make_
         assert second.wait_acks(reactor, 2) == [2, 2]
     finally:
         second.lose()
-    assert router.duplicate_events == 2
+    assert router.intake.duplicate_events == 2
     assert [r["message"] for r in stored_events(router)] == [r["message"] for r in records]

@@ -162,7 +162,7 @@ def test_dead_letters_carry_the_record_and_are_stored_once(running) -> None:
     # A restart replays the whole spool (these sinks keep no cursor): the filter reports the
     # same records again, and the router recognises those dead letters as stored.
     again = running(BODY)
-    settle(again, lambda: len(got["a"]) == 6 and len(got["dl"]) == 3 and again.duplicates >= 3)
+    settle(again, lambda: len(got["a"]) == 6 and len(got["dl"]) == 3 and again.intake.duplicates >= 3)
     assert sorted(r["event"]["n"] for _, _, r in got["dl"]) == [1, 11, 21]
 
 
@@ -259,7 +259,7 @@ def test_a_sink_catching_up_at_the_stop_gets_the_dead_letters_of_what_it_reads(r
     # when the stop comes, so the filter reports them while the stop lets it catch up.
     router = running('[filters.f]\ntype = "test_reject"\ninputs = ["in"]\n'
                      '[sinks.both]\ntype = "test_collect"\ninputs = ["f", "f.errors"]\n')
-    router.feeds["both"].live = False
+    router.feeds["both"].fall_behind()
     events = [(1, {"n": j, "bad": j % 2 == 1}) for j in range(6)]
     spin(reactor, stop_right_after(router, router.ingest(Batch("app", events, "in"), b"chunk-1")))
     got = CollectSink.got["both"]

@@ -102,8 +102,7 @@ def crash(reactor, router: Router) -> None:
     """What a ``kill -9`` leaves: the spool and the files saved so far, nothing of a stop."""
     for source in router.sources.values():
         spin(reactor, source.stop())
-    if router._snapshot is not None:
-        spin(reactor, router._snapshot)
+    spin(reactor, router.snapshots.idle())
     spin(reactor, router.spool.close())
 
 
@@ -123,8 +122,7 @@ def test_duplicates_are_dropped_live_and_again_after_a_crash(tmp_path, threaded_
     reactor = threaded_reactor
     router = start_router(reactor, tmp_path)
     ingest(reactor, router, ["boot"], b"c0")
-    if router._snapshot is not None:  # the filters' memory as the first progress saved it
-        spin(reactor, router._snapshot)
+    spin(reactor, router.snapshots.idle())  # the filters' memory as the first progress saved it
     ingest(reactor, router, ["disk full"], b"c1")  # a client's event...
     ingest(reactor, router, ["x", "y", "z"], b"c2")  # ...and a batch
     middle = ingest(reactor, router, ["later"], b"c3")

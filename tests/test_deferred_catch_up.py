@@ -159,13 +159,13 @@ def test_a_catch_up_read_hands_on_an_undecodable_records_error_detached(tmp_path
     )
     router = Router(config, reactor)
     errors: list = []
-    caught_up = router._caught_up
+    apply = router.catch_up.apply
 
     def spy(result, feed, epoch):
         errors.extend(batch for _, batch in result[0] if isinstance(batch, Exception))
-        return caught_up(result, feed, epoch)
+        return apply(result, feed, epoch)
 
-    router._caught_up = spy
+    router.catch_up.apply = spy
     try:
         spin(reactor, router.start())
         deadline = reactor.seconds() + 30

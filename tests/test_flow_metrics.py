@@ -95,7 +95,8 @@ def router(tmp_path):
     router = Router(config, clock, run_blocking=lambda f, *args: defer.maybeDeferred(f, *args))
     router.spool.open()
     feed = router.feeds["lake"]
-    feed.started = feed.live = True
+    feed.start(0)
+    feed.go_live()
     yield router, clock, feed.sink
     del registry.SINKS["flow_commit"]
 
@@ -103,7 +104,7 @@ def router(tmp_path):
 def hand(router: Router, size: int, events: list[dict]) -> None:
     """One batch of ``size`` spool bytes from source ``in``, stored and routed live."""
     position = router.routed_end
-    router._route_live((position, position + size), Batch("t", [(T0, e) for e in events], "in"), size, None)
+    router.route_stored(Batch("t", [(T0, e) for e in events], "in"), position, position + size, size)
 
 
 def test_each_filter_counts_events_in_and_out(router):
@@ -120,7 +121,7 @@ def test_each_filter_counts_events_in_and_out(router):
 def test_a_reload_keeps_counting_where_it_was(router):
     router, _, _ = router
     hand(router, 100, [{"n": 1}])
-    router.routes = router._build_routes()  # as a reload rebuilds them
+    router.routes = router.build_routes()  # as a reload rebuilds them
     hand(router, 100, [{"n": 2}])
     assert values(router)['logrouter_filter_events_in_total{filter="keep",type="grep"}'] == 2
 

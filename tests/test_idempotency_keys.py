@@ -28,10 +28,10 @@ def reopen(router, path):
 
     spin(reactor, router.spool.close())
     dedupe.save_snapshot(
-        router.dedupe_path, list(router.dedupe.done.items()), router.routed_end, list(router.dedupe.writers.items())
+        router.snapshots.path, list(router.dedupe.done.items()), router.routed_end, list(router.dedupe.writers.items())
     )
     again = make_router(path)
-    again._load_dedupe()
+    again.snapshots.load_ids()
     return again
 
 
@@ -46,11 +46,11 @@ def test_a_writer_sequence_is_stored_once_and_its_last_number_survives_a_restart
     assert router.last_event_number("pravega", b"w1") is None
     spin(reactor, router.ingest(batch(1), writer=(b"w1", 10)))
     spin(reactor, router.ingest(batch(2), writer=(b"w1", 20)))
-    events = router.events_in
+    events = router.intake.events_in
     # Resends of what was stored: acked without storing; a new number is stored.
     spin(reactor, router.ingest(batch(2), writer=(b"w1", 20)))
     spin(reactor, router.ingest(batch(1), writer=(b"w1", 10)))
-    assert router.events_in == events and router.duplicates == 2
+    assert router.intake.events_in == events and router.intake.duplicates == 2
     spin(reactor, router.ingest(batch(3), writer=(b"w2", 5)))  # another writer is its own sequence
     assert router.last_event_number("pravega", b"w1") == 20
     assert router.last_event_number("other-source", b"w1") is None
@@ -59,7 +59,7 @@ def test_a_writer_sequence_is_stored_once_and_its_last_number_survives_a_restart
     assert again.last_event_number("pravega", b"w1") == 20
     assert again.last_event_number("pravega", b"w2") == 5
     spin(reactor, again.ingest(batch(2), writer=(b"w1", 20)))
-    assert again.events_in == 0 and again.duplicates == 1
+    assert again.intake.events_in == 0 and again.intake.duplicates == 1
     spin(reactor, again.spool.close())
 
 
@@ -71,7 +71,7 @@ def test_writer_numbers_are_read_back_from_the_spool_without_a_snapshot(tmp_path
     spin(reactor, router.ingest(batch(2), b"chunk-a"))
     spin(reactor, router.spool.close())
     again = make_router(tmp_path)
-    again._load_dedupe()
+    again.snapshots.load_ids()
     assert again.last_event_number("pravega", b"w1") == 7
     assert again.dedupe.lookup(("pravega", b"chunk-a")) is not None
     spin(reactor, again.spool.close())

@@ -30,6 +30,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("service", ("logrouter.service", "logrouter.reload_queue", "logrouter.gc_tuning")),
     ("router", (
         "logrouter.router", "logrouter.routes", "logrouter.retired", "logrouter.feeds", "logrouter.flow",
+        "logrouter.ingest", "logrouter.catch_up", "logrouter.backpressure", "logrouter.snapshots",
         "logrouter.reload",  # what a reload changes; the router carries it out
         "logrouter.http_endpoint", "logrouter.metrics", "logrouter.health",  # the router serves its own pages
     )),
@@ -44,7 +45,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "logrouter",  # the package itself: its version
         "logrouter.batch", "logrouter.paths", "logrouter.regex", "logrouter.serial", "logrouter.registry",
         "logrouter.units", "logrouter.progress", "logrouter.open_files",
-        "logrouter.faults",  # test-only fault points: imports nothing of ours
+        "logrouter.atomic_file", "logrouter.faults",  # test-only fault points: imports nothing of ours
     )),
 ]
 

@@ -163,8 +163,8 @@ def test_a_source_without_connections_fits_the_contract_and_the_metrics(router):
     assert values['logrouter_source_gaps_total{source="zmq",type="test_subscriber"}'] == 3
     assert values['logrouter_source_messages_total{source="zmq",type="test_subscriber"}'] == 0
     assert 'logrouter_source_connections{source="zmq",type="test_subscriber"}' not in values
-    router.max_spool_bytes = -1  # over the bound: every source is paused through the contract
-    router._check_backpressure()
+    router.backpressure.max_spool_bytes = -1  # over the bound: every source is paused through the contract
+    router.check_backpressure()
     assert source.paused is True
 
 

@@ -14,6 +14,7 @@ from helpers import spin
 from source_fakes import log_lines  # noqa: F401  (a fixture)
 from logrouter import registry
 from logrouter.batch import Batch
+from logrouter.catch_up import read_records
 from logrouter.config.load import load_string
 from logrouter.progress import INTERVAL_SECS, ProgressLog, progress_line
 from logrouter.router import Router
@@ -105,9 +106,9 @@ def test_the_replay_of_the_spools_ids_at_start_logs_its_progress(tmp_path, monke
     assert writer.spool.end == 10 * record  # records of one size: the numbers below are exact
 
     clock = task.Clock()
-    router = Router(config, clock)
+    router = Router(config, clock, run_blocking=lambda f, *a: defer.maybeDeferred(f, *a))
     router.spool.open()
-    monkeypatch.setattr("logrouter.router.READ_CHUNK_BYTES", 1)  # one record per read
+    monkeypatch.setattr("logrouter.snapshots.READ_CHUNK_BYTES", 1)  # one record per read
     read = router.spool.read
 
     def slow_read(*args):
@@ -116,9 +117,8 @@ def test_the_replay_of_the_spools_ids_at_start_logs_its_progress(tmp_path, monke
         return read(*args)
 
     monkeypatch.setattr(router.spool, "read", slow_read)
-    monkeypatch.setattr("twisted.internet.threads.deferToThread", lambda f, *a: defer.maybeDeferred(f, *a))
-    done = router._replay_ids()
-    assert done.called and router._snapshot_loaded
+    done = router.snapshots.replay_ids()
+    assert done.called and router.snapshots.loaded
     what = "spool replay at start (ids of stored batches)"
     total = human_bytes(10 * record)
     # Reads end at 2, 4, … 20 s; the line at 5 s sees two records, at 10 s four, at 15 s seven, at 20 s nine.
@@ -163,17 +163,18 @@ def catching_up(tmp_path, monkeypatch):
         '[sources.in]\ntype = "fluent_forward"\nlisten = "tcp:0:interface=127.0.0.1"\n'
         '[sinks.lake]\ntype = "progress_slow"\ninputs = ["in"]\n'
     )
-    router = Router(config, clock, run_blocking=lambda f, *args: defer.maybeDeferred(f, *args))
-    router.spool.open()
     reads: list[defer.Deferred] = []
 
-    def read_later(function, start, end):
-        reads.append(defer.Deferred())
+    def run_blocking(function, *args):
+        if function is not read_records:
+            return defer.maybeDeferred(function, *args)
+        reads.append(defer.Deferred())  # a spool read: the test completes it
         return reads[-1]
 
-    monkeypatch.setattr("logrouter.router.defer_to_thread", read_later)
+    router = Router(config, clock, run_blocking=run_blocking)
+    router.spool.open()
     feed = router.feeds["lake"]
-    feed.started = True
+    feed.start(0)
     router.routed_end = 10 * MiB
     yield router, clock, feed, reads
     del registry.SINKS["progress_slow"]
@@ -181,7 +182,7 @@ def catching_up(tmp_path, monkeypatch):
 
 def test_a_sink_catching_up_logs_its_progress_until_it_is_live(catching_up, log_lines):  # noqa: F811
     router, clock, feed, reads = catching_up
-    router._catch_up(feed)
+    router.catch_up.step(feed)
     assert len(reads) == 1 and not feed.live
     clock.advance(INTERVAL_SECS)
     reads[0].callback(([], 4 * MiB))  # read up to 4 MiB (records skipped: none here)
@@ -202,9 +203,9 @@ def test_a_sink_catching_up_logs_its_progress_until_it_is_live(catching_up, log_
 
 def test_a_catch_up_that_ends_early_stops_its_lines(catching_up, log_lines):  # noqa: F811
     router, clock, feed, reads = catching_up
-    router._catch_up(feed)
+    router.catch_up.step(feed)
     clock.advance(INTERVAL_SECS)
-    router._rewind(feed)  # the sink failed: it starts again from its cursor, watched afresh
+    feed.sink.on_rewind()  # the sink failed: it starts again from its cursor, watched afresh
     reads[0].callback(([], 4 * MiB))  # a read from before the rewind: not applied
     assert len(reads) == 2 and feed.delivered == 0
     router.stopping = True  # a stop: the next line is not written

@@ -85,7 +85,7 @@ def config(tmp_path, text):
 def hold(router: Router, name: str) -> None:
     """The sink is full and no longer fed live: what is stored meanwhile waits in the spool."""
     feed = router.feeds[name]
-    feed.live = False
+    feed.fall_behind()
     feed.sink.queued_bytes = feed.sink.options["max_queue_bytes"] * 10
 
 

@@ -45,15 +45,15 @@ def test_a_batch_msgpack_cannot_pack_is_refused_and_its_id_can_be_sent_again(rou
     assert "batch cannot be stored" in refused(router.ingest(batch, b"chunk-1"))
     # The resend of the same id is refused again at once; it does not wait for a first copy.
     assert "batch cannot be stored" in refused(router.ingest(batch, b"chunk-1"))
-    assert router.unstorable_batches == 2 and not router.spool_failing
+    assert router.intake.unstorable_batches == 2 and not router.spool_failing
     # Other batches, the same id with a storable body included, go on.
     good = Batch("t", [(1, {"ok": True})], source="in")
     assert spin(reactor, router.ingest(good, b"chunk-1")) is None
-    assert router.events_in == 1
+    assert router.intake.events_in == 1
 
 
 def test_a_batch_over_the_spool_record_limit_is_refused(router, monkeypatch):
-    monkeypatch.setattr("logrouter.router.MAX_PAYLOAD", 1000)
+    monkeypatch.setattr("logrouter.ingest.MAX_PAYLOAD", 1000)
     big = Batch("t", [(1, {"blob": "x" * 2000})], source="in")
     assert "exceeds the spool's record limit" in refused(router.ingest(big, None))
     assert router.spool.end == 0

@@ -15,7 +15,8 @@ from source_fakes import log_lines  # noqa: F401  (a fixture)
 from logrouter import registry
 from logrouter.batch import Batch
 from logrouter.config.load import load_string
-from logrouter.router import HOLD_SLACK, LOW_WATER, Router
+from logrouter.feeds import HOLD_SLACK, LOW_WATER
+from logrouter.router import Router
 from logrouter.sinks.base import SINK_OPTIONS, SinkBase
 
 BOUND = 1000
@@ -93,7 +94,8 @@ def held(tmp_path):
     tcp, subscriber = RecordingSource(True), RecordingSource(False)
     router.sources = {"tcp": tcp, "sub": subscriber, "elsewhere": RecordingSource(True)}
     feed = router.feeds["lake"]
-    feed.started = feed.live = True
+    feed.start(0)
+    feed.go_live()
     yield router, clock, feed.sink, tcp, subscriber
     del registry.SINKS["hold_queue"]
 
@@ -101,7 +103,7 @@ def held(tmp_path):
 def hand(router: Router, size: int, source: str = "tcp") -> None:
     """One batch of ``size`` spool bytes from ``source``, stored and routed live."""
     position = router.routed_end
-    router._route_live((position, position + size), Batch("t", [(T0, {"n": "1"})], source), size, None)
+    router.route_stored(Batch("t", [(T0, {"n": "1"})], source), position, position + size, size)
 
 
 def samples(router: Router) -> dict[str, float]:
@@ -177,7 +179,8 @@ def test_what_held_sources_had_read_before_they_stopped_is_taken_besides_the_sla
 def test_what_a_source_held_for_another_sink_hands_over_does_not_widen_this_ones_slack(held):
     router, _, sink, tcp, _ = held
     other = router.feeds["other"]
-    other.started = other.live = True
+    other.start(0)
+    other.go_live()
     other.sink.options["max_queue_bytes"] = BOUND
     hand(router, BOUND + 1)  # lake holds tcp
     hand(router, BOUND + 1, source="elsewhere")  # other holds elsewhere
@@ -219,13 +222,13 @@ def test_with_hold_sources_secs_0_a_full_sink_reads_from_the_spool_at_once(held)
 def test_the_sources_read_again_only_once_neither_the_spool_nor_a_sink_holds_them(held, monkeypatch):
     router, _, sink, tcp, subscriber = held
     hand(router, BOUND + 1)
-    monkeypatch.setattr(router, "max_spool_bytes", -1)  # the spool's backlog is over its bound too
-    router._check_backpressure()
+    monkeypatch.setattr(router.backpressure, "max_spool_bytes", -1)  # the spool's backlog is over its bound too
+    router.check_backpressure()
     assert router.paused and not tcp.reading and not subscriber.reading
     sink.drain(0)  # the sink lets go ...
     assert not tcp.reading and not subscriber.reading  # ... the spool still holds every source
-    monkeypatch.setattr(router, "max_spool_bytes", 1 << 40)
-    router._check_backpressure()
+    monkeypatch.setattr(router.backpressure, "max_spool_bytes", 1 << 40)
+    router.check_backpressure()
     assert tcp.reading and subscriber.reading
     assert tcp.pauses == 1  # told once, not once per reason
 

@@ -126,7 +126,7 @@ def test_a_batch_whose_documents_are_bigger_than_a_spool_record_is_stored_as_rec
     from twisted.internet import reactor
 
     from helpers import spin
-    from logrouter import router as router_module
+    from logrouter import ingest
     from logrouter.config.load import load_string
     from logrouter.router import Router
 
@@ -139,11 +139,11 @@ def test_a_batch_whose_documents_are_bigger_than_a_spool_record_is_stored_as_rec
         documents = [json.dumps(r, indent=8).encode() for r in records]  # the texts much bigger than msgpack
         (batch,) = batch_builder(TagTemplate("t"))(records, NOW_NS, documents)
         limit = len(encode_batch(Batch(batch.tag, batch.events, "b"))) + 100
-        monkeypatch.setattr(router_module, "MAX_PAYLOAD", limit)
+        monkeypatch.setattr(ingest, "MAX_PAYLOAD", limit)
         assert len(encode_batch(batch)) > limit
         batch.source = "b"
         spin(reactor, router.ingest(batch))  # stored, not refused
-        assert batch.packed is None and router.unstorable_batches == 0
+        assert batch.packed is None and router.intake.unstorable_batches == 0
     finally:
         spin(reactor, router.spool.close())  # its thread pool too: a test leaves no thread behind
 

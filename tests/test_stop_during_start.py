@@ -79,8 +79,8 @@ def test_a_stop_during_start_writes_nothing_twice(tmp_path, stop_at, reactor):
     # Reading the dedupe window back takes long on a big spool (1.5M events in the report):
     # a gate holds it until the stop has had every chance to run alongside the start.
     gate = threading.Event()
-    load_dedupe = router._load_dedupe
-    router._load_dedupe = lambda: (gate.wait(30), load_dedupe())
+    load_ids = router.snapshots.load_ids
+    router.snapshots.load_ids = lambda stopping: (gate.wait(30), load_ids(stopping))
     starting = router.start()
     if stop_at == "sinks_replaying":
         gate.set()

@@ -34,6 +34,7 @@ import msgpack
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from logrouter.atomic_file import replace_file
 from logrouter.batch import Routing
 from logrouter.serial import defer_to_thread
 from logrouter.spool.record import decode_batch
@@ -123,15 +124,17 @@ class FilterMemory:
         span: tuple[int, int, frozenset[str]] | None,
         read: Callable[[int, int, int], tuple[list, int]],
         route: Callable[[Any, Routing], None],
+        run_blocking: Callable[..., defer.Deferred] = defer_to_thread,
     ) -> Any:
         """Route the records of ``span`` dry: ``read`` is ``SpoolLog.read``, ``route(batch,
-        routing)`` pushes a batch down its routes."""
+        routing)`` pushes a batch down its routes; the reads run through ``run_blocking``
+        (a thread, in the daemon)."""
         if span is not None:
             position, end, targets = span
             log.info("filters with a memory: reading spool positions {start} to {end} back into it",
                      start=position, end=end)
             while position < end:
-                records, next_position = yield defer_to_thread(_read_batches, read, position, end)
+                records, next_position = yield run_blocking(_read_batches, read, position, end)
                 for record, batch in records:
                     if batch is not None:  # undecodable: the sinks' replay reports it
                         route(batch, Routing(record.offset, record.end, len(record.payload), targets, dry=True))
@@ -185,12 +188,7 @@ class FilterMemory:
             for entry in filters.values():
                 entry[3] = _packable(entry[3])
             data = msgpack.packb([VERSION, filters], use_bin_type=True)
-        temporary = self.path + ".tmp"
-        with open(temporary, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, self.path)
+        replace_file(self.path, data)
 
     def release(self, filters: dict[str, Any], position: int) -> None:
         for component in remembering(filters).values():

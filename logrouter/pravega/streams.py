@@ -29,6 +29,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from logrouter.atomic_file import replace_file
+
 FORMAT = 1
 MAX_NAME_LENGTH = 255
 MAX_SEGMENTS = 1024  # per stream; larger counts are refused (responses grow with it)
@@ -223,19 +225,7 @@ class StreamRegistry:
                 for scope, streams in sorted(state.items())
             },
         }
-        directory = os.path.dirname(self.path)
-        os.makedirs(directory, exist_ok=True)
-        temporary = self.path + ".tmp"
-        with open(temporary, "wb") as f:
-            f.write(json.dumps(document, indent=1).encode() + b"\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(temporary, self.path)
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        replace_file(self.path, json.dumps(document, indent=1).encode() + b"\n")
 
     def _load(self) -> _State:
         try:

@@ -33,6 +33,7 @@ from typing import Any, Iterator
 from twisted.internet import defer, task
 
 from logrouter import registry
+from logrouter.atomic_file import fsync_directory
 from logrouter.batch import Batch, Event
 from logrouter.config.options import Option, positive
 from logrouter.serial import SerialWorker, defer_to_thread
@@ -135,14 +136,6 @@ class _OpenFile:
         self.lines = 0
         self.first = position  # spool position of the first record in the file
         self.last = position  # ... and of the last
-
-
-def _fsync_directory(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @registry.sink("file")
@@ -332,7 +325,7 @@ class FileSink(WorkerSink):
                 if not missing_ok:
                     raise
         if files:
-            _fsync_directory(self.root)
+            fsync_directory(self.root)
 
     def _abort(self) -> None:
         """Drop the open file: its lines are replayed from the spool."""

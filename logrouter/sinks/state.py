@@ -1,4 +1,5 @@
-"""A sink's durable state: one small JSON file replaced atomically (``replace_file``).
+"""A sink's durable state: one small JSON file replaced atomically
+(``logrouter.atomic_file.replace_file``).
 
 A sink keeps its spool cursor here, and a file sink its commit record (files to
 publish, per-partition high-water marks). Replacing the file is the commit point:
@@ -12,6 +13,8 @@ import os
 from typing import Any
 
 from twisted.logger import Logger
+
+from logrouter.atomic_file import replace_file
 
 
 class SinkState:
@@ -49,24 +52,6 @@ class SinkState:
 
     def save(self, state: dict[str, Any]) -> None:
         replace_file(self.path, json.dumps(state, separators=(",", ":")).encode())
-
-
-def replace_file(path: str, data: bytes) -> None:
-    """Make ``data`` the content of ``path`` atomically and durably: a temporary file,
-    fsync'd, renamed over it, then the directory fsync'd."""
-    directory = os.path.dirname(path) or "."
-    os.makedirs(directory, exist_ok=True)
-    temporary = path + ".tmp"
-    with open(temporary, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(temporary, path)
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class CursorSaver:

@@ -641,7 +641,7 @@ class StreamSource:
     # and hand each to a worker (see logrouter.workers.plan).
     SHAREABLE = True
     # Not reading pushes back on the senders (TCP's window, then the protocol's): the
-    # router may hold this source while a sink drains its queue (see Router._sink_full).
+    # router may hold this source while a sink drains its queue (logrouter.feeds).
     PUSHES_BACK = True
     OPTIONS: dict[str, Option] = {"listen": listen_option(None), **STREAM_OPTIONS, **TLS_OPTIONS}
     OPTIONS_FAMILY = "sources.stream"  # the docs' table of the options every stream source shares

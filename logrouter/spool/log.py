@@ -34,6 +34,7 @@ from typing import Any, BinaryIO, Iterator
 from twisted.internet import defer
 from twisted.logger import Logger
 
+from logrouter.atomic_file import fsync_directory
 from logrouter.serial import SerialWorker
 from logrouter.spool.segment import Damage, Record, frame, parse_segment_name, read_frames, segment_name, walk
 from logrouter.wire.errors import detached
@@ -59,14 +60,6 @@ class _Append:
 
 class SpoolWriteError(OSError):
     """An append the spool could not write; nothing of it is on disk."""
-
-
-def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class SpoolLog:
@@ -366,13 +359,13 @@ class SpoolLog:
         # The new file's name must survive a crash too, or its records would be lost; a
         # failed directory fsync is retried with the next record's fsync.
         if not self._dir_synced:
-            fsync_dir(self.path)
+            fsync_directory(self.path)
             self._dir_synced = True
 
     def _open_segment(self, base: int) -> None:
         self._segment_base = self._file_end = base
         self._file = open(os.path.join(self.path, segment_name(base)), "ab", buffering=0)
-        fsync_dir(self.path)
+        fsync_directory(self.path)
 
     def _close_file(self) -> None:
         if self._file is not None:
