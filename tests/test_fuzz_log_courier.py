@@ -16,7 +16,9 @@ from fuzz_helpers import MAX_INPUT, cuts, decode_all_ways, fuzz_settings, mixed_
 from hypothesis import given
 from hypothesis import strategies as st
 
+from logrouter.wire import json_text
 from logrouter.wire import log_courier as lc
+from logrouter.wire.log_courier_records import add_invalid
 
 # Small limits so that examples reach every limit check; and the defaults.
 LIMITS = [
@@ -150,14 +152,14 @@ def test_a_payload_of_mixed_records_decodes_as_record_by_record(documents, kind,
     reference = lc.Payload(kind, nonce)
     for document in documents:
         try:
-            record = lc.json_text.loads(document)
+            record = json_text.loads(document)
         except (ValueError, RecursionError) as e:
             record = e
         if type(record) is dict:
             reference.events.append(record)
             reference.documents.append(document)
         else:
-            lc._invalid(reference, record, document)
+            add_invalid(reference, record, document)
     for feeds in ([data], split_at(data, cuts)):
         decoder = lc.LogCourierDecoder()
         (payload,) = [m for feed in feeds for m in decoder.feed(feed)]

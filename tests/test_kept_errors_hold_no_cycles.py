@@ -18,10 +18,10 @@ import weakref
 import pytest
 
 from logrouter.sources.logjam import LogjamSource
-from logrouter.wire import log_courier as lc
 from logrouter.wire import lumberjack as lj
 from logrouter.wire.errors import detached
 from logrouter.wire.inflate import InflateError, StreamInflater
+from logrouter.wire.log_courier_records import decode_records
 
 
 @pytest.fixture
@@ -54,7 +54,7 @@ def test_log_courier(collector_off, last: bytes) -> None:
     content = struct.pack(">I", 8) + b'{"a": 1}' + struct.pack(">I", len(last)) + last
 
     def decode() -> None:
-        payload = lc._decode_records(content, "JDAT", b"n" * 16, 1 << 20, 100)
+        payload = decode_records(content, "JDAT", b"n" * 16, 1 << 20, 100)
         assert payload.invalid == 1
 
     assert unreachable_after(decode) == 0

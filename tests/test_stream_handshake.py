@@ -10,7 +10,7 @@ from typing import Any
 
 from source_fakes import Conn, fake_context, log_lines  # noqa: F401  (log_lines is a fixture)
 from stream_harness import LineProtocol, LineSource, make_source
-from logrouter.sources.stream import HandshakeDone, HandshakeFailed
+from logrouter.sources.stream_handshake import HandshakeDone, HandshakeFailed
 
 
 class GreetingProtocol(LineProtocol):

@@ -59,7 +59,8 @@ from logrouter.batch import Batch
 from logrouter.config.endpoints import listen_option
 from logrouter.config.options import Option, non_negative, positive
 from logrouter.sources.offload import IteratorRun, OffloadPool
-from logrouter.sources.stream import HandshakeDone, HandshakeFailed, StreamProtocol, StreamSource
+from logrouter.sources.stream import StreamProtocol, StreamSource
+from logrouter.sources.stream_handshake import HandshakeDone, HandshakeFailed
 from logrouter.spool import formats
 from logrouter.wire import fluent_forward as wire
 from logrouter.wire import fluent_handshake as handshake

@@ -44,7 +44,8 @@ from logrouter.config.endpoints import listen_option
 from logrouter.config.options import Option, non_negative, positive
 from logrouter.sources.acks import AckingConnection, AckingSource
 from logrouter.sources.events import NANOS, TagTemplate, batch_builder, check_tag
-from logrouter.sources.stream import HandshakeDone, HandshakeFailed, StreamProtocol, StreamSource
+from logrouter.sources.stream import StreamProtocol, StreamSource
+from logrouter.sources.stream_handshake import HandshakeDone, HandshakeFailed
 from logrouter.wire import log_courier as wire
 
 _HEADER = struct.Struct(">4sI")

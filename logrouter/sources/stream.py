@@ -1,36 +1,49 @@
 """The shared base of every stream (TCP/TLS) source: one protocol instance per connection.
 
-It owns what all stream protocols have in common: connection bookkeeping and caps (in
-all and per peer address), the peer's name for log lines, idle timeouts and the
-deadline of a frame that has begun to arrive, feeding bytes to the codec, closing a
-connection on bad input (that connection only), handing batches to the router and
-sending replies only once the router reports them durable, pausing/resuming reads for
-backpressure, the graceful stop (read what connections already delivered, let stored
-batches get their replies, then close), why each connection was closed (a log line and
-a count per reason), and TLS peer information (the verified client certificate, a
-readable line when a TLS handshake fails). A protocol module adds its codec and what
-to do with each frame; hooks let it speak first (``connection_ready``), start the
-connection with a handshake (``expect_handshake``/``handshake_received``), choose its
-listening endpoint (``endpoint``) and open more ports next to the main one
-(``port_opened``).
+It owns the connection's life and what every stream protocol does with its bytes:
+feeding them to the codec, closing a connection on bad input (that connection only),
+handing batches to the router and sending replies only once the router reports them
+durable, pausing/resuming reads for backpressure, closing (let stored batches get their
+replies, then close), why each connection was closed (a log line and a count per
+reason), the source's listening port and its metric samples. The jobs beside it have
+their own modules, mixed into ``StreamProtocol`` and ``StreamSource``:
+
+- ``stream_limits``: the connection caps (in all and per peer address), the peer's name,
+  the idle timeout and the deadline of a frame that has begun to arrive;
+- ``stream_stop``: the graceful stop (read what connections already delivered first);
+- ``stream_tls``: the client-certificate options, the listening endpoint, the verified
+  client certificate and a readable line when a TLS handshake fails;
+- ``stream_handshake``: the hooks of a protocol whose connections start with a handshake.
+
+A protocol module adds its codec and what to do with each frame; hooks let it speak first
+(``connection_ready``), start the connection with a handshake
+(``expect_handshake``/``handshake_received``), choose its listening endpoint
+(``endpoint``) and open more ports next to the main one (``port_opened``).
 """
 
 from __future__ import annotations
 
-import ipaddress
 from typing import Any, Callable
 
 from twisted.internet import defer, protocol
-from twisted.internet.interfaces import IHandshakeListener
 from twisted.logger import Logger
 from twisted.protocols.policies import TimeoutMixin
-from zope.interface import implementer
 
-from logrouter import tls
 from logrouter.batch import Batch
 from logrouter.config.endpoints import listen_option
-from logrouter.config.options import Option, non_negative, one_of, positive
+from logrouter.config.options import Option, one_of
 from logrouter.sources.base import SourceContext
+from logrouter.sources.stream_handshake import HandshakeFailed, HandshakeHooks
+from logrouter.sources.stream_limits import (
+    LIMIT_OPTIONS,
+    REFUSAL_REASONS,
+    ConnectionCaps,
+    ConnectionTimeouts,
+    peer_address,
+    peer_name,
+)
+from logrouter.sources.stream_stop import STOP_OPTIONS, DrainingConnection, DrainingSource
+from logrouter.sources.stream_tls import TLS_OPTIONS, TlsConnection, TlsListener
 from logrouter.wire.errors import DecodeError
 
 STREAM_OPTIONS: dict[str, Option] = {
@@ -40,78 +53,9 @@ STREAM_OPTIONS: dict[str, Option] = {
         "this source's own `fsync`, `os` or `none`: when its acks may be sent (empty = the spool's `durability`)",
         one_of("", "fsync", "os", "none"),
     ),
-    "max_connections": Option(int, 1024, "connections beyond this are refused: closed at once, logged and counted", positive),
-    # A quarter of max_connections: one address can never take more than that, while a
-    # real host opens a handful (a Beats worker or Fluent Bit/fluentd flush thread each).
-    # Many clients behind one NAT or a proxy share an address: raise it or set 0 there.
-    "max_connections_per_peer": Option(
-        int, 256, "connections from one IP address beyond this are refused (0 = no per-address cap); behind a NAT or a TCP "
-        "proxy every client shares one address, so raise it or set 0 there", non_negative
-    ),
-    "idle_timeout_secs": Option(
-        (int, float), 300, "close a connection silent for this long (0 = never)", non_negative
-    ),
-    # Apache mod_reqtimeout's body=20,MinRate=500 model: a deadline that grows with each
-    # byte received, so a sender dribbling a frame one byte at a time (which an idle
-    # timeout never catches) is closed, while a big frame on a slow link keeps going.
-    "frame_timeout_secs": Option(
-        (int, float),
-        30,
-        "a frame that has begun to arrive must be complete within this many seconds, plus 1 s for every "
-        "`frame_min_bytes_per_sec` bytes of it received (Apache mod_reqtimeout's `body=…,MinRate=…` model); time "
-        "reading is paused by the router does not count (0 = no limit)",
-        non_negative,
-    ),
-    "frame_min_bytes_per_sec": Option(
-        (int, float), 500, "the receive rate that extends `frame_timeout_secs` (see there)", positive
-    ),
-    "stop_drain_secs": Option(
-        (int, float),
-        3,
-        "on a graceful stop, how long connections may go on delivering what they had already sent "
-        "before they are closed (0 = close at once; at most a tenth of `[router] shutdown_timeout_secs`)",
-        non_negative,
-    ),
-    "stop_quiet_secs": Option(
-        (int, float),
-        0.5,
-        "on a graceful stop, a connection at a frame boundary that received nothing for this long is done",
-        positive,
-    ),
-    "stop_drain_bytes": Option(
-        int, 16 << 20, "on a graceful stop, the most bytes read from one connection before it is closed", positive
-    ),
+    **LIMIT_OPTIONS,
+    **STOP_OPTIONS,
 }
-
-# One set of server TLS client-certificate options for every stream source (``tls`` has
-# the three modes). They only act on an ``ssl:`` listener.
-TLS_OPTIONS: dict[str, Option] = {
-    "ssl_client_authentication": Option(
-        str,
-        "none",
-        "client certificates on an `ssl:` listener: `none`, `optional` (a certificate, if sent, must be signed "
-        "by `ca_file`) or `required` (every client must send one signed by `ca_file`)",
-        tls.check_client_cert_mode,
-    ),
-    "ca_file": Option(
-        str,
-        "",
-        "PEM file of the CA(s) client certificates must be signed by; needed with `ssl_client_authentication` "
-        "`optional` or `required`",
-        tls.check_ca_file,
-    ),
-}
-
-
-def _toml(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return repr(value)
-
-
-# The stop's reading phase gets at most this share of router.shutdown_timeout_secs: the
-# rest is for replies, the spool and the sinks' commits.
-STOP_SHARE_OF_SHUTDOWN = 0.1
 
 # Why a connection the source had accepted ended (the reason label of
 # logrouter_source_connections_closed_total); refusals are counted apart.
@@ -126,69 +70,11 @@ CLOSE_REASONS = (
     "stopping",
     "other",  # a protocol module closed it on its own
 )
-REFUSAL_REASONS = ("max_connections", "max_connections_per_peer")
-
-class HandshakeDone:
-    """What ``handshake_received`` returns once the handshake is over.
-
-    ``reply`` is written first (e.g. a PONG, a VERS); ``rest`` (the bytes that followed the
-    handshake in the stream) then goes to the codec, as does everything after it. A
-    connection whose client turns out to skip the handshake (a legacy client whose first
-    message is already data) returns every byte received so far as ``rest``.
-    """
-
-    __slots__ = ("rest", "reply")
-
-    def __init__(self, rest: bytes = b"", reply: bytes = b"") -> None:
-        self.rest = rest
-        self.reply = reply
 
 
-class HandshakeFailed:
-    """What ``handshake_received`` returns when the handshake failed: ``reply`` is written,
-    then the connection is closed as bad input (``decode_error``) with ``reason`` logged."""
-
-    __slots__ = ("reason", "reply")
-
-    def __init__(self, reason: str, reply: bytes = b"") -> None:
-        self.reason = reason
-        self.reply = reply
-
-
-# Holds that do not mean "this connection has work in progress": the stop's drain may
-# end while only these are held.
-IDLE_HOLDS = frozenset({"backpressure"})
-
-
-def peer_name(transport: Any) -> str:
-    peer = transport.getPeer()
-    host, port = getattr(peer, "host", None), getattr(peer, "port", None)
-    if host is None:
-        return str(peer)
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def peer_address(transport: Any) -> str | None:
-    """The peer's IP address, the per-peer cap's key; None for peers without one (unix sockets)."""
-    host = getattr(transport.getPeer(), "host", None)
-    if not isinstance(host, str) or not host:
-        return None
-    return normal_ip(host)
-
-
-def normal_ip(host: str) -> str:
-    """An IP address as the per-peer caps and the workers' choice know it."""
-    try:
-        address = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return host
-    # An IPv4 client of a dual-stack listener is the same host as over IPv4.
-    mapped = getattr(address, "ipv4_mapped", None)
-    return str(mapped or address)
-
-
-@implementer(IHandshakeListener)
-class StreamProtocol(protocol.Protocol, TimeoutMixin):
+class StreamProtocol(
+    HandshakeHooks, ConnectionTimeouts, DrainingConnection, TlsConnection, protocol.Protocol, TimeoutMixin
+):
     """Per-connection glue between a transport, a codec and the router."""
 
     log = Logger(namespace="logrouter.source")
@@ -233,31 +119,6 @@ class StreamProtocol(protocol.Protocol, TimeoutMixin):
         A protocol whose connections start with a handshake calls ``expect_handshake`` here.
         """
 
-    # -- the protocol's handshake ------------------------------------------------------
-
-    def expect_handshake(self) -> None:
-        """This connection starts with a handshake: until ``handshake_received`` says it is
-        done, every byte received goes there instead of to the codec.
-
-        Idle timeout, frame deadline (``frame_timeout_secs``, with
-        ``handshake_pending_bytes`` as the frame's unprocessed bytes) and the stop's drain
-        apply to the handshake as they do to frames.
-        """
-        self.handshaking = True
-
-    def handshake_received(self, data: bytes) -> "HandshakeDone | HandshakeFailed | None":
-        """Take the bytes of one read during the handshake.
-
-        Return None while it is not complete (keep what you need of ``data``),
-        ``HandshakeDone(rest, reply)`` once it is (``rest`` goes to the codec; return the
-        same bytes when no handshake took place), or ``HandshakeFailed(reason, reply)``.
-        """
-        raise NotImplementedError
-
-    def handshake_pending_bytes(self) -> int:
-        """Bytes of an incomplete handshake message held (the frame deadline's measure)."""
-        return 0
-
     def unprocessed_bytes(self) -> int:
         """Bytes received and not yet made into a frame (or a handshake message)."""
         if self.handshaking:
@@ -289,12 +150,6 @@ class StreamProtocol(protocol.Protocol, TimeoutMixin):
         if self.source.paused:
             self.hold_reading("backpressure")
         self.connection_ready()
-
-    def handshakeCompleted(self) -> None:
-        """The TLS handshake is done (``IHandshakeListener``): note the client certificate."""
-        # Not logged: out_forward's TCP heartbeat opens a connection every second.
-        self.tls_established = True
-        self.tls_peer = tls.peer_subject(self.transport)
 
     def dataReceived(self, data: bytes) -> None:
         if self.closing or self.finishing:
@@ -354,18 +209,9 @@ class StreamProtocol(protocol.Protocol, TimeoutMixin):
         if why is None and self.closing:
             why = "other"
         if why is None:
-            tls_failure = tls.failure_reason(self.transport, reason)
             unprocessed = self.unprocessed_bytes()
-            if tls_failure is not None:
+            if self.tls_failed(reason):
                 why = "tls_error"
-                self.source.tls_errors += 1
-                self.log.warn(
-                    "{protocol} {peer}: TLS {phase} failed: {reason}; connection closed",
-                    protocol=self.source.TYPE,
-                    peer=self.peer,
-                    phase="connection" if self.tls_established else "handshake",
-                    reason=tls_failure,
-                )
             elif unprocessed:
                 why = "peer_mid_frame"
                 self.log.warn(
@@ -378,14 +224,6 @@ class StreamProtocol(protocol.Protocol, TimeoutMixin):
             else:
                 why = "peer"  # not logged: out_forward's heartbeat opens a connection every second
         self.source.closed[why] = self.source.closed.get(why, 0) + 1
-
-    def timeoutConnection(self) -> None:
-        self.finish(
-            "idle_timeout",
-            "info",
-            "{protocol} {peer}: idle for {secs}s, closing",
-            secs=self.source.options["idle_timeout_secs"],
-        )
 
     # -- closing -------------------------------------------------------------------
 
@@ -438,102 +276,6 @@ class StreamProtocol(protocol.Protocol, TimeoutMixin):
             if call is not None and call.active():
                 call.cancel()
             setattr(self, name, None)
-
-    # -- the frame deadline ----------------------------------------------------------
-
-    def track_frame(self, received: int, completed: bool) -> None:
-        """Start, extend or end the clock of the frame being received.
-
-        A connection resting at a frame boundary is governed by the idle timeout only;
-        one holding part of a frame must complete it at the configured rate.
-        """
-        timeout = self.source.options["frame_timeout_secs"]
-        if not timeout:
-            return
-        unprocessed = self.unprocessed_bytes()
-        if not unprocessed:
-            self.frame_started = None
-            return
-        now = self.source.reactor.seconds()
-        if completed or self.frame_started is None:
-            # A new frame began in this read: its clock starts now.
-            self.frame_started = now
-            self.frame_bytes = unprocessed
-        else:
-            self.frame_bytes += received
-        if self.frame_call is None and not self.holds:
-            self.frame_call = self.source.reactor.callLater(max(0.0, self.frame_deadline() - now), self.check_frame)
-
-    def frame_deadline(self) -> float:
-        assert self.frame_started is not None
-        options = self.source.options
-        return self.frame_started + options["frame_timeout_secs"] + self.frame_bytes / options["frame_min_bytes_per_sec"]
-
-    def check_frame(self) -> None:
-        self.frame_call = None
-        if self.frame_started is None or self.closing or self.finishing or self.holds:
-            return  # no frame, or reading is held: release_reading re-arms the clock
-        now = self.source.reactor.seconds()
-        deadline = self.frame_deadline()
-        if now < deadline:  # bytes arrived since the call was set: the deadline moved
-            self.frame_call = self.source.reactor.callLater(deadline - now, self.check_frame)
-            return
-        self.finish(
-            "slow_frame",
-            "warn",
-            "{protocol} {peer}: {count} bytes of a frame in {secs:.0f}s, slower than frame_timeout_secs "
-            "({timeout}s) plus 1 s per frame_min_bytes_per_sec ({rate}) bytes; closing connection",
-            count=self.frame_bytes,
-            secs=now - self.frame_started,
-            timeout=self.source.options["frame_timeout_secs"],
-            rate=self.source.options["frame_min_bytes_per_sec"],
-        )
-
-    # -- the stop's drain ------------------------------------------------------------
-
-    def start_drain(self) -> None:
-        """Keep reading what the client had sent before the stop, until it goes quiet."""
-        if self.closing or self.finishing or self.draining:
-            return
-        self.draining = True
-        self.drain_bytes = 0
-        self.last_data = self.source.reactor.seconds()
-        self.drain_call = self.source.reactor.callLater(self.source.options["stop_quiet_secs"], self.check_quiet)
-
-    def drained(self, received: int) -> None:
-        self.drain_bytes += received
-        self.last_data = self.source.reactor.seconds()
-        if self.drain_bytes >= self.source.options["stop_drain_bytes"]:
-            self.end_drain(f"stop_drain_bytes ({self.source.options['stop_drain_bytes']}) read")
-
-    def check_quiet(self) -> None:
-        self.drain_call = None
-        if not self.draining:
-            return
-        quiet = self.source.options["stop_quiet_secs"]
-        wait = self.last_data + quiet - self.source.reactor.seconds()
-        if wait <= 0 and (self.unprocessed_bytes() or self.holds - IDLE_HOLDS):
-            # Mid-frame, or a frame is being worked on: give it the rest of the deadline.
-            wait = quiet
-        if wait > 0:
-            self.drain_call = self.source.reactor.callLater(wait, self.check_quiet)
-            return
-        self.end_drain("")
-
-    def end_drain(self, why: str) -> None:
-        if not self.draining:
-            return
-        unprocessed = self.unprocessed_bytes()
-        details = [why] if why else []
-        if unprocessed:
-            details.append(f"{unprocessed} bytes of an incomplete frame dropped")
-        self.finish(
-            "stopping",
-            "warn" if details else "info",
-            "{protocol} {peer}: source stopping: read {count} more bytes{details}; closing connection",
-            count=self.drain_bytes,
-            details="".join(f", {d}" for d in details),
-        )
 
     # -- helpers for protocol modules ----------------------------------------------
 
@@ -609,12 +351,7 @@ class StreamProtocol(protocol.Protocol, TimeoutMixin):
             return
         if self.transport is not None:
             self.transport.resumeProducing()
-        if self.frame_started is not None and not self.finishing:
-            # The client could not send while we held it: that time is not its to answer for.
-            now = self.source.reactor.seconds()
-            self.frame_started += now - max(self.held_since, self.frame_started)
-            if self.frame_call is None:
-                self.frame_call = self.source.reactor.callLater(max(0.0, self.frame_deadline() - now), self.check_frame)
+        self.frame_resumed()
 
     def send(self, data: bytes) -> None:
         if not self.closing and self.transport is not None:
@@ -633,7 +370,7 @@ class StreamFactory(protocol.Factory):
         return proto
 
 
-class StreamSource:
+class StreamSource(ConnectionCaps, DrainingSource, TlsListener):
     """A listening source: its options, its port and its open connections."""
 
     protocol_class: type[StreamProtocol] = StreamProtocol
@@ -645,10 +382,6 @@ class StreamSource:
     PUSHES_BACK = True
     OPTIONS: dict[str, Option] = {"listen": listen_option(None), **STREAM_OPTIONS, **TLS_OPTIONS}
     OPTIONS_FAMILY = "sources.stream"  # the docs' table of the options every stream source shares
-    # Older names of ssl_client_authentication a source still accepts, as
-    # {key: {value: the mode it stands for}}; other values of the key say nothing
-    # (fluent_forward: {"verify_client": {True: "required"}}). Such keys need their own Option.
-    CLIENT_AUTH_ALIASES: dict[str, dict[Any, str]] = {}
     log = Logger(namespace="logrouter.source")
 
     def __init__(self, name: str, options: dict[str, Any], context: SourceContext) -> None:
@@ -671,74 +404,12 @@ class StreamSource:
         return StreamFactory(self)
 
     @classmethod
-    def client_authentication(cls, options: dict[str, Any]) -> tuple[str, str, str]:
-        """The client-certificate mode in effect, the key that set it, and how it was set
-        (for messages: ``ssl_client_authentication is 'required'``, ``verify_client = true``)."""
-        mode = options.get("ssl_client_authentication", "none")
-        for key, meanings in cls.CLIENT_AUTH_ALIASES.items():
-            value = options.get(key)
-            if value in meanings:
-                return meanings[value], key, f"{key} = {_toml(value)}"
-        return mode, "ssl_client_authentication", f"ssl_client_authentication is {mode!r}"
-
-    @classmethod
     def check_options(cls, options: dict[str, Any]) -> list[str]:
         """Cross-key problems (``key: message``); subclasses add theirs to these."""
         return cls.check_tls_options(options)
 
-    @classmethod
-    def check_tls_options(cls, options: dict[str, Any]) -> list[str]:
-        """``ssl_client_authentication`` (or an alias of it), ``ca_file`` and ``listen`` together."""
-        own = options.get("ssl_client_authentication", "none")
-        for key, meanings in cls.CLIENT_AUTH_ALIASES.items():
-            value = options.get(key)
-            if value in meanings and own not in ("none", meanings[value]):
-                # "none" is the default: it cannot be told apart from not given.
-                return [
-                    f"{key}: {key} = {_toml(value)} means ssl_client_authentication = {meanings[value]!r}, "
-                    f"which contradicts ssl_client_authentication = {own!r}; set only ssl_client_authentication"
-                ]
-        mode, key, setting = cls.client_authentication(options)
-        ca_file, listen = options.get("ca_file", ""), options["listen"]
-        if mode == "none":
-            if ca_file:
-                aliases = "".join(
-                    f" (or {k} = {_toml(v)})" for k, meanings in cls.CLIENT_AUTH_ALIASES.items() for v in meanings
-                )
-                return [
-                    f"ca_file: only used with ssl_client_authentication 'optional' or 'required'{aliases}; "
-                    "set it or remove ca_file"
-                ]
-            return []
-        if tls.endpoint_kind(listen) != "ssl":
-            shown = f"{mode!r} " if key == "ssl_client_authentication" else ""
-            return [f"{key}: {shown}needs an ssl: listen endpoint, got {listen!r}"]
-        if not ca_file:
-            return [f"ca_file: required when {setting}"]
-        try:
-            tls.check_server_endpoint(listen, mode, ca_file)
-        except ValueError as e:
-            return [f"listen: {e}"]
-        return []
-
-    def endpoint(self) -> Any:
-        """The endpoint to listen on: the ``listen`` string, asking TLS clients for a
-        certificate as ``ssl_client_authentication`` says."""
-        mode = self.client_authentication(self.options)[0]
-        return tls.server_endpoint(self.reactor, self.options["listen"], mode, self.options.get("ca_file") or None)
-
     def port_opened(self, port: Any) -> None:
         """Called once the main port listens, before it is announced; may raise to fail the start."""
-
-    def passed_factory(self) -> protocol.Factory:
-        """The factory for connections accepted by the supervisor: TLS is done here, in
-        the worker, as the ``ssl:`` listener would have."""
-        from twisted.protocols.tls import TLSMemoryBIOFactory
-
-        mode = self.client_authentication(self.options)[0]
-        context = tls.server_context(self.options["listen"], mode, self.options.get("ca_file") or None)
-        factory = self.factory()
-        return factory if context is None else TLSMemoryBIOFactory(context, False, factory)
 
     def start(self) -> defer.Deferred:
         passed = getattr(self.context, "passed", None)  # test stand-ins may lack it
@@ -770,77 +441,6 @@ class StreamSource:
             "{type} source {name} takes the connections the supervisor accepts on {host} port {port}",
             type=self.TYPE, name=self.name, host=address.host, port=address.port,
         )
-
-    def stop(self) -> defer.Deferred:
-        """Stop accepting; read what connections already delivered; let stored batches get
-        their replies; then close.
-
-        What a client sent before the stop may still sit in the kernel's buffers, and
-        clients that do not wait for acks (fluent-logger's default) count it as sent.
-        Each connection goes on being read until it has been quiet at a frame boundary
-        for ``stop_quiet_secs`` (nothing in the kernel or on the wire; TCP cannot say
-        more precisely what the client still holds, and a half-close would not either),
-        or has given ``stop_drain_bytes``, or the drain's deadline passes.
-        """
-        d = defer.maybeDeferred(self.port.stopListening) if self.port is not None else defer.succeed(None)
-        return d.addCallback(lambda _: self.drain())
-
-    def stop_drain_secs(self) -> float:
-        limit = float(self.options["stop_drain_secs"])
-        config = getattr(self.router, "config", None)
-        shutdown = getattr(config, "router", {}).get("shutdown_timeout_secs", 0) if config is not None else 0
-        if shutdown:
-            limit = min(limit, shutdown * STOP_SHARE_OF_SHUTDOWN)
-        return limit
-
-    def drain(self) -> defer.Deferred:
-        limit = self.stop_drain_secs()
-        connections = list(self.connections)
-        for connection in connections:
-            connection.start_drain()
-            if limit <= 0:
-                connection.end_drain("")
-        deadline = self.reactor.callLater(limit, self.drain_timed_out) if limit > 0 else None
-        waiting = defer.DeferredList([c.when_closed() for c in connections], consumeErrors=True)
-
-        def drained(_: Any) -> None:
-            if deadline is not None and deadline.active():
-                deadline.cancel()
-
-        return waiting.addCallback(drained)
-
-    def drain_timed_out(self) -> None:
-        for connection in list(self.connections):
-            connection.end_drain(f"stop_drain_secs ({self.stop_drain_secs():g}s) passed")
-
-    def add_connection(self, connection: StreamProtocol) -> tuple[str, int] | None:
-        """Admit ``connection``, or say which cap refuses it: (option, its value)."""
-        limit = self.options["max_connections"]
-        if len(self.connections) >= limit:
-            self.refused["max_connections"] += 1
-            return "max_connections", limit
-        address = connection.peer_address
-        per_peer = self.options["max_connections_per_peer"]
-        if address is not None and per_peer:
-            if self.per_peer.get(address, 0) >= per_peer:
-                self.refused["max_connections_per_peer"] += 1
-                return "max_connections_per_peer", per_peer
-            self.per_peer[address] = self.per_peer.get(address, 0) + 1
-        self.connections.add(connection)
-        self.connections_total += 1
-        return None
-
-    def remove_connection(self, connection: StreamProtocol) -> None:
-        if connection not in self.connections:
-            return
-        self.connections.discard(connection)
-        address = connection.peer_address
-        if address is not None and address in self.per_peer:
-            left = self.per_peer[address] - 1
-            if left > 0:
-                self.per_peer[address] = left
-            else:
-                del self.per_peer[address]
 
     def pause_reading(self) -> None:
         if not self.paused:

@@ -47,7 +47,7 @@ from logrouter.config.endpoints import listen_address
 from logrouter.config.load import Config, read_text, warnings
 from logrouter.open_files import soft_limit
 from logrouter.service import fail_start, install_sighup, quiet_repeated_stops, start_compaction
-from logrouter.sources.stream import normal_ip
+from logrouter.sources.stream_limits import normal_ip
 from logrouter.workers import plan
 from logrouter.workers.channel import Channel, channel_pair
 from logrouter.workers.http import SupervisorPages
