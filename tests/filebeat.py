@@ -14,9 +14,11 @@ Knobs (environment): ``LOGROUTER_FILEBEAT_BIN`` (a prebuilt ``filebeat``),
 (seconds for the build, default 540).
 
 ``Filebeat`` runs it with a ``log`` input over some files and the Logstash (lumberjack)
-output to some hosts, its data, logs and registry in a folder of the test, and says how
-far the registry has acknowledged each file (``acked_offset``): Filebeat moves a file's
-offset there only once the output acknowledged the lines before it.
+output to some hosts, or with a whole config (``Filebeat.from_config``, e.g. a docs
+page's), its data, logs and registry in a folder of the test, and says how far the
+registry has acknowledged each file (``acked_offset``, for the ``log`` and ``filestream``
+inputs): Filebeat moves a file's offset there only once the output acknowledged the lines
+before it.
 """
 
 from __future__ import annotations
@@ -60,18 +62,31 @@ class Filebeat:
     def __init__(self, binary: Path, workdir: Path, paths: list[Path], hosts: list[str],
                  output: dict[str, Any] | None = None, input: dict[str, Any] | None = None,
                  **settings: Any) -> None:
+        self._prepare(binary, workdir, {
+            "filebeat.inputs": [{"type": "log", "paths": [str(p) for p in paths], **(input or {})}],
+            "output.logstash": {"hosts": hosts, **(output or {})},
+            **settings,
+        })
+
+    @classmethod
+    def from_config(cls, binary: Path, workdir: Path, config: dict[str, Any]) -> "Filebeat":
+        """Filebeat with a whole config as given (a docs page's, say); only where it keeps
+        its data and logs is added."""
+        beat = cls.__new__(cls)
+        beat._prepare(binary, workdir, config)
+        return beat
+
+    def _prepare(self, binary: Path, workdir: Path, config: dict[str, Any]) -> None:
         self.binary = binary
         self.home = Path(workdir)
         self.home.mkdir(parents=True, exist_ok=True)
         config = {
-            "filebeat.inputs": [{"type": "log", "paths": [str(p) for p in paths], **(input or {})}],
-            "output.logstash": {"hosts": hosts, **(output or {})},
             "path.home": str(self.home),
             "path.data": str(self.home / "data"),
             "path.logs": str(self.home / "logs"),
             "logging.to_stderr": True,
             "logging.level": "info",
-            **settings,
+            **config,
         }
         self.config = self.home / "filebeat.yml"
         self.config.write_text(json.dumps(config, indent=1))  # YAML reads JSON
@@ -138,7 +153,12 @@ class Filebeat:
     def acked_offset(self, path: Path) -> int:
         """How far Filebeat has had ``path``'s lines acknowledged (0 before any)."""
         source = os.path.realpath(path)
-        offsets = [s.get("offset", 0) for s in self.registry().values() if os.path.realpath(s.get("source", "")) == source]
+        offsets = [
+            # the log input's state, or filestream's ({"cursor": {"offset"}, "meta": {"source"}})
+            state.get("offset", (state.get("cursor") or {}).get("offset", 0))
+            for state in self.registry().values()
+            if os.path.realpath(state.get("source", (state.get("meta") or {}).get("source", ""))) == source
+        ]
         return max(offsets, default=0)
 
     def __enter__(self) -> "Filebeat":

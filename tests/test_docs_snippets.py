@@ -8,22 +8,18 @@ keys, types and graph are what is checked. The TLS files the snippets name
 (``/etc/logrouter/server.key`` and the like) are replaced by a throwaway PKI's, so their
 ``ssl:`` endpoints and certificate options are checked with real files too. Snippets of a
 shipper's own config (Filebeat's YAML, fluentd's ``<match>``) are not TOML blocks and are
-not checked here.
+not checked here (the guides' tests run some of those: ``tests/doc_snippets.py``).
 """
 
 from __future__ import annotations
 
-import re
 import tomllib
-from pathlib import Path
 
 import pytest
 
+from doc_snippets import DOCS, REPO, blocks
 from logrouter.config.load import ConfigError, validate
 
-REPO = Path(__file__).resolve().parent.parent
-DOCS = REPO / "docs"
-BLOCK = re.compile(r"^```toml\n(.*?)^```", re.M | re.S)
 #: The TLS files the snippets name -> the attribute of ``fixtures.pki.Pki`` that stands in.
 TLS_FILES = {
     "/etc/logrouter/server.key": "server_key",
@@ -37,8 +33,8 @@ TLS_FILES = {
 def snippets() -> list[tuple[str, str]]:
     found = []
     for page in [REPO / "README.md", *sorted(DOCS.rglob("*.md"))]:
-        for n, match in enumerate(BLOCK.finditer(page.read_text(encoding="utf-8")), 1):
-            found.append((f"{page.relative_to(REPO)}#{n}", match.group(1)))
+        for n, text in enumerate(blocks(page, "toml"), 1):
+            found.append((f"{page.relative_to(REPO)}#{n}", text))
     return found
 
 
