@@ -25,6 +25,13 @@ order, each of ``--procedure`` (default: all four):
    and that are older than ``--orphan-older-than-secs`` (Iceberg refuses less than 24 h:
    a file being written, or written but not yet committed, is younger than that).
 
+A procedure whose commit lost to a concurrent one (``ValidationException``,
+``CommitFailedException``) is planned and run again from the table's latest snapshot,
+up to ``RETRIES`` times. The usual case: pyiceberg's appends drop manifests that hold
+only deleted entries (a rewrite leaves one), so a ``rewrite_manifests`` that counted on
+such a manifest finds it gone; planned again, it succeeds. Nothing is lost either way:
+a failed commit changed nothing.
+
 Prints one ``compaction-result {json}`` line (``status``: compacted, skipped or failed)
 and exits 0, or 1 if a procedure failed (the others still ran).
 """
@@ -56,6 +63,9 @@ DEFAULT_SNAPSHOT_RETENTION_SECS = 6 * 3600.0
 DEFAULT_RETAIN_LAST = 100
 DEFAULT_ORPHAN_OLDER_THAN_SECS = 3 * 86400.0
 MIN_ORPHAN_OLDER_THAN_SECS = 86400.0  # Iceberg's procedure refuses less
+RETRIES = 3
+#: Commits that lost to a concurrent commit: nothing changed, planning again is safe.
+RETRIED = ("org.apache.iceberg.exceptions.ValidationException", "org.apache.iceberg.exceptions.CommitFailedException")
 
 DEFAULT_CONF = {
     "spark.ui.enabled": "false",
@@ -151,6 +161,18 @@ def _row_dict(rows: list[Any]) -> dict[str, Any]:
     return {k: v for k, v in rows[0].asDict().items() if isinstance(v, (int, float, str))}
 
 
+def run_procedure(spark: Any, statement: str, retries: int = RETRIES) -> tuple[dict[str, Any], int]:
+    """The procedure's answer and how often it was run again after losing a commit race."""
+    for attempt in range(retries + 1):
+        try:
+            return _row_dict(spark.sql(statement).collect()), attempt
+        except Exception as error:
+            if attempt == retries or not describe(error).startswith(RETRIED):
+                raise
+            print(f"{statement}: lost a commit race ({describe(error)}); planning again", file=sys.stderr, flush=True)
+    raise AssertionError("not reached")
+
+
 def table_files(spark: Any, catalog: str, table: str) -> tuple[int, int, int]:
     """(data files, bytes, rows) of the table's current snapshot."""
     row = spark.sql(
@@ -170,12 +192,14 @@ def maintain(spark: Any, catalog: str, args: argparse.Namespace, now: float) -> 
     for procedure in args.procedure or PROCEDURES:
         step_started = time.monotonic()
         try:
-            answer = _row_dict(spark.sql(procedure_sql(procedure, catalog, table, args, now)).collect())
+            answer, retries = run_procedure(spark, procedure_sql(procedure, catalog, table, args, now))
         except Exception as error:  # noqa: BLE001 - reported; the other procedures still run
             traceback.print_exc(file=sys.stderr)
-            failed.append(f"{procedure}: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}")
+            failed.append(f"{procedure}: {describe(error)}")
             continue
         answer["seconds"] = round(time.monotonic() - step_started, 3)
+        if retries:
+            answer["retries"] = retries
         result[procedure] = answer
     files_after, bytes_after, rows_after = table_files(spark, catalog, table)
     rewritten = int(result.get("rewrite_data_files", {}).get("rewritten_data_files_count", 0))
@@ -190,6 +214,13 @@ def maintain(spark: Any, catalog: str, args: argparse.Namespace, now: float) -> 
     else:
         result.update(status="skipped", reason="no data files worth rewriting; metadata maintained")
     return result
+
+
+def describe(error: BaseException) -> str:
+    """One line saying what went wrong (a Java exception: its class and message)."""
+    java = getattr(error, "java_exception", None)
+    text = str(java.toString()) if java is not None else f"{type(error).__name__}: {error}"
+    return text.strip().splitlines()[0] if text.strip() else type(error).__name__
 
 
 def _conf_pair(text: str) -> tuple[str, str]:
@@ -236,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         result = maintain(spark, args.catalog_name, args, time.time())
     except Exception as error:  # noqa: BLE001 - reported as the job's result
         traceback.print_exc(file=sys.stderr)
-        result.update(status="failed", error=f"{type(error).__name__}: {error}")
+        result.update(status="failed", error=describe(error))
     finally:
         if spark is not None:
             spark.stop()
