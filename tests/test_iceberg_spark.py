@@ -1,5 +1,8 @@
-"""Spark's Iceberg procedures on a table that a writer process keeps appending to.
+"""Spark with the Iceberg runtime (one session for the module, ``tests/iceberg_spark.py``):
+Spark's Iceberg procedures on a table that a writer process keeps appending to, and
+Spark SQL reading tables pyiceberg wrote or ``logrouter lake import`` registered.
 
+**Compaction while appending.**
 A pyiceberg SQLite catalog and a table shaped like the Iceberg sink's (``day(time)``,
 ``identity(tag)``), 96 small data files in it. A writer process appends 40-row batches
 in a loop (bounded in count and time), committing with the sink's snapshot summary
@@ -15,6 +18,10 @@ runs, with the Iceberg runtime from Maven Central) runs ``rewrite_data_files``,
 - of two files nothing references, the one older than the guard is removed and the
   fresh one (a write in flight) is kept, while every referenced file, however old its
   mtime, is kept.
+
+**An imported lake.** ``logrouter lake import`` of a parquet lake (tests/
+test_iceberg_lake_cli.py's): Spark SQL reads the same rows as pyarrow reads from the
+lake, ``tag`` (a partition value only, in no file) included, and filters on it.
 
 Slow (two JVMs, one after the other); skipped, with the reason, without java, pyspark
 4.1 or the jars.
@@ -36,6 +43,7 @@ import pytest
 from iceberg_spark import JARS_DIR, IcebergSpark, events, jars_or_skip, new_events_table, open_catalog, run_job, spark_or_skip, sqlite_catalog
 from logrouter.compaction.command import RESULT_PREFIX
 from logrouter.compaction.iceberg import CATALOG_ENV
+from test_iceberg_lake_cli import COLUMNS, catalog_flags, lake, lake_rows, write_lake
 
 pytest.importorskip("pyiceberg")
 
@@ -184,3 +192,20 @@ def test_rewrite_while_a_writer_appends_loses_and_doubles_nothing(spark, tmp_pat
         f"WHERE summary['logrouter.writer'] = 'w1' ORDER BY committed_at DESC LIMIT 1"
     )
     assert summary["p"] == str(last_id)
+
+
+def test_spark_reads_an_imported_lake_as_pyarrow_reads_the_lake(spark, tmp_path):
+    root = tmp_path / "parquet"
+    write_lake(root)
+    name, properties = sqlite_catalog(tmp_path / "iceberg", "lake_imported")
+    code, out, _ = lake("import", *catalog_flags(name, properties), "--table", "logs.imported", "--path", str(root))
+    assert "3 file(s) added" in out, out
+    spark.add_catalog(name, properties)
+    quoted = ", ".join(f"`{c}`" for c in COLUMNS)
+    rows = spark.sql(f"SELECT {quoted} FROM {name}.logs.imported")
+    expected = lake_rows(root)
+    got = sorted(tuple(r[c] for c in COLUMNS) for r in rows)
+    assert [r[1:] for r in got] == [r[1:] for r in expected]  # every column but time: equal values
+    assert [r[0].timestamp() for r in got] == [r[0].timestamp() for r in expected]  # time: the same instants
+    [row] = spark.sql(f"SELECT count(*) AS n FROM {name}.logs.imported WHERE tag = '100'")
+    assert row["n"] == 3
