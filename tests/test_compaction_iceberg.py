@@ -51,7 +51,7 @@ def test_one_job_per_table_with_the_catalog_in_its_environment():
     assert job.argv == [
         PYTHON, "-m", "logrouter.jobs.iceberg_maintain", "--master", "local[*]", "--conf", "spark.executor.memory=2g",
         "--catalog-name", "lake", "--table", "logs.events", "--target-file-bytes", str(256 << 20),
-        "--min-input-files", "2", "--seal-after-secs", "3600.0", "--snapshot-retention-secs", "21600.0",
+        "--min-input-files", "2", "--seal-after-secs", "3600.0", "--snapshot-retention-secs", "3600.0",
         "--retain-last", "100", "--orphan-older-than-secs", "259200.0", "--jars-dir", "/var/cache/jars",
         "--procedure", "rewrite_data_files", "--procedure", "rewrite_manifests", "--procedure", "expire_snapshots",
         "--procedure", "remove_orphan_files",

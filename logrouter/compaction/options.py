@@ -94,7 +94,7 @@ COMPACTION_OPTIONS: dict[str, Option] = {
         _check_at_least_one,
     ),
     "snapshot_retention_secs": Option(
-        (int, float), 21600, "iceberg: `expire_snapshots` removes snapshots older than this (and files only they name)", positive
+        (int, float), 3600, "iceberg: `expire_snapshots` removes snapshots older than this (and files only they name)", positive
     ),
     "retain_snapshots": Option(int, 100, "iceberg: … but always keeps this many of the newest", _check_at_least_one),
     "orphan_older_than_secs": Option(
