@@ -163,3 +163,40 @@ def test_the_tables_of_the_iceberg_sinks_each_once():
     }
     assert [(t.sink, t.table) for t in iceberg_tables({"sinks": []}, sinks)] == [("a", "logs.events"), ("c", "logs.audit")]
     assert [t.sink for t in iceberg_tables({"sinks": ["lake", "c"]}, sinks)] == ["c"]
+
+
+class JavaError(Exception):
+    def __init__(self, text: str) -> None:
+        super().__init__("An error occurred while calling o54.sql.")
+        self.java_exception = types.SimpleNamespace(toString=lambda: text)
+
+
+class Row(dict):
+    def asDict(self) -> dict:
+        return dict(self)
+
+
+class FakeSpark:
+    def __init__(self, failures: list[Exception]) -> None:
+        self.failures = failures
+        self.statements: list[str] = []
+
+    def sql(self, statement: str):
+        self.statements.append(statement)
+        if self.failures:
+            raise self.failures.pop(0)
+        return types.SimpleNamespace(collect=lambda: [Row(rewritten_manifests_count=7, added_manifests_count=1)])
+
+
+def test_a_procedure_that_lost_a_commit_race_is_planned_again():
+    lost = "org.apache.iceberg.exceptions.ValidationException: Deleted manifest m9.avro could not be found in the latest snapshot"
+    spark = FakeSpark([JavaError(lost), JavaError("org.apache.iceberg.exceptions.CommitFailedException: x")])
+    answer, retries = iceberg_maintain.run_procedure(spark, "CALL x")
+    assert (answer, retries, len(spark.statements)) == ({"rewritten_manifests_count": 7, "added_manifests_count": 1}, 2, 3)
+    with pytest.raises(JavaError):  # anything else is not retried
+        iceberg_maintain.run_procedure(FakeSpark([JavaError("java.lang.OutOfMemoryError: heap")]), "CALL x")
+    spark = FakeSpark([JavaError(lost)] * 4)
+    with pytest.raises(JavaError):  # nor forever
+        iceberg_maintain.run_procedure(spark, "CALL x")
+    assert len(spark.statements) == iceberg_maintain.RETRIES + 1
+    assert iceberg_maintain.describe(JavaError(lost)) == lost
