@@ -106,7 +106,8 @@ def test_the_call_statements():
     sql = iceberg_maintain.procedure_sql
     assert sql("rewrite_data_files", "lake", "logs.events", args(target_file_bytes=1000, min_input_files=3), NOW) == (
         "CALL lake.system.rewrite_data_files(table => 'logs.events', strategy => 'binpack', "
-        "options => map('target-file-size-bytes', '1000', 'min-input-files', '3'), "
+        "options => map('target-file-size-bytes', '1000', 'min-input-files', '3', 'partial-progress.enabled', 'true', "
+        "'partial-progress.max-commits', '10'), "
         "where => \"`time` < TIMESTAMP '2024-05-01 07:00:00.000000'\")"
     )
     assert "where" not in sql("rewrite_data_files", "lake", "logs.events", args(seal_after_secs=0), NOW)
@@ -190,9 +191,11 @@ class FakeSpark:
 
 def test_a_procedure_that_lost_a_commit_race_is_planned_again():
     lost = "org.apache.iceberg.exceptions.ValidationException: Deleted manifest m9.avro could not be found in the latest snapshot"
-    spark = FakeSpark([JavaError(lost), JavaError("org.apache.iceberg.exceptions.CommitFailedException: x")])
+    rewrite = ("java.lang.RuntimeException: Cannot commit rewrite because of a ValidationException or "
+               "CommitFailedException. This usually means that this rewrite has conflicted with another concurrent …")
+    spark = FakeSpark([JavaError(lost), JavaError("org.apache.iceberg.exceptions.CommitFailedException: x"), JavaError(rewrite)])
     answer, retries = iceberg_maintain.run_procedure(spark, "CALL x")
-    assert (answer, retries, len(spark.statements)) == ({"rewritten_manifests_count": 7, "added_manifests_count": 1}, 2, 3)
+    assert (answer, retries, len(spark.statements)) == ({"rewritten_manifests_count": 7, "added_manifests_count": 1}, 3, 4)
     with pytest.raises(JavaError):  # anything else is not retried
         iceberg_maintain.run_procedure(FakeSpark([JavaError("java.lang.OutOfMemoryError: heap")]), "CALL x")
     spark = FakeSpark([JavaError(lost)] * 4)

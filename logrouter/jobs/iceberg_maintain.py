@@ -16,8 +16,9 @@ order, each of ``--procedure`` (default: all four):
 1. ``rewrite_data_files``: binpack into ``--target-file-bytes`` files, groups of at least
    ``--min-input-files`` files (Iceberg's own default is 5), only files holding rows
    older than ``--seal-after-secs`` (the newest files are still growing: rewriting them
-   every round would cost more than it saves). Appends committed meanwhile are kept:
-   Iceberg validates the rewrite against them and retries its commit.
+   every round would cost more than it saves), in up to ``PARTIAL_PROGRESS_COMMITS``
+   commits. Appends committed meanwhile are kept: Iceberg validates the rewrite against
+   them and retries its commit.
 2. ``rewrite_manifests``: one manifest per partition range instead of one per append.
 3. ``expire_snapshots``: snapshots older than ``--snapshot-retention-secs`` go, the last
    ``--retain-last`` always stay; data files only they reference are deleted.
@@ -26,7 +27,8 @@ order, each of ``--procedure`` (default: all four):
    a file being written, or written but not yet committed, is younger than that).
 
 A procedure whose commit lost to a concurrent one (``ValidationException``,
-``CommitFailedException``) is planned and run again from the table's latest snapshot,
+``CommitFailedException``, also when Iceberg's own commit retries ran out under appends
+every second) is planned and run again from the table's latest snapshot,
 up to ``RETRIES`` times. The usual case: pyiceberg's appends drop manifests that hold
 only deleted entries (a rewrite leaves one), so a ``rewrite_manifests`` that counted on
 such a manifest finds it gone; planned again, it succeeds. Nothing is lost either way:
@@ -66,6 +68,11 @@ MIN_ORPHAN_OLDER_THAN_SECS = 86400.0  # Iceberg's procedure refuses less
 RETRIES = 3
 #: Commits that lost to a concurrent commit: nothing changed, planning again is safe.
 RETRIED = ("org.apache.iceberg.exceptions.ValidationException", "org.apache.iceberg.exceptions.CommitFailedException")
+#: rewrite_data_files wraps them in a RuntimeException saying so.
+RETRIED_REWRITE = "Cannot commit rewrite because of a ValidationException or CommitFailedException"
+#: rewrite_data_files commits in up to this many smaller commits: under appends every few
+#: seconds a smaller commit is likelier to win, and a group that loses does not undo the others.
+PARTIAL_PROGRESS_COMMITS = 10
 
 DEFAULT_CONF = {
     "spark.ui.enabled": "false",
@@ -135,6 +142,8 @@ def procedure_sql(procedure: str, catalog: str, table: str, args: argparse.Names
         options = {
             "target-file-size-bytes": str(args.target_file_bytes),
             "min-input-files": str(args.min_input_files),
+            "partial-progress.enabled": "true",
+            "partial-progress.max-commits": str(PARTIAL_PROGRESS_COMMITS),
         }
         pairs = ", ".join(f"{_string(k)}, {_string(v)}" for k, v in options.items())
         where = ""
@@ -167,7 +176,8 @@ def run_procedure(spark: Any, statement: str, retries: int = RETRIES) -> tuple[d
         try:
             return _row_dict(spark.sql(statement).collect()), attempt
         except Exception as error:
-            if attempt == retries or not describe(error).startswith(RETRIED):
+            text = describe(error)
+            if attempt == retries or not (text.startswith(RETRIED) or RETRIED_REWRITE in text):
                 raise
             print(f"{statement}: lost a commit race ({describe(error)}); planning again", file=sys.stderr, flush=True)
     raise AssertionError("not reached")
