@@ -1,7 +1,8 @@
 """The ``logrouter`` command: ``check-config FILE``, ``run`` (twistd in the foreground),
 ``reload``, ``top`` (a live view of a running router), ``compact`` (see or run lake
-compaction by hand), ``lake`` and ``plugin-cache`` (refresh Twisted's plugin cache as the
-owner of an install)."""
+compaction by hand), ``lake`` (``ddl`` of a parquet lake; ``show``, ``engines`` and
+``import`` of an Iceberg table) and ``plugin-cache`` (refresh Twisted's plugin cache as
+the owner of an install)."""
 
 from __future__ import annotations
 
@@ -135,12 +136,13 @@ def main(argv: list[str] | None = None) -> int:
     from logrouter.top import command as top
 
     top.add_arguments(commands.add_parser("top", help="a live view of a running router (its /metrics), refreshed every second"))
+    from logrouter import iceberg_cli
     from logrouter.lake import ddl
 
-    ddl.add_parser(commands)
+    iceberg_cli.add_parsers(ddl.add_parser(commands))
     args = parser.parse_args(argv)
     if args.command == "lake":
-        return ddl.run(args)
+        return iceberg_cli.run(args) if args.lake_command in iceberg_cli.COMMANDS else ddl.run(args)
     if args.command == "check-config":
         return check_config(args.file)
     if args.command == "plugin-cache":

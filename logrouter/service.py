@@ -169,10 +169,14 @@ def start_compaction(config: Config, reactor: Any) -> Any:
     """The running CompactionService when ``[compaction] enabled``, else None."""
     if not config.compaction.get("enabled"):
         return None
+    from logrouter.compaction.iceberg import iceberg_tables
     from logrouter.compaction.options import lake_urls
     from logrouter.compaction.scheduler import CompactionService
 
-    compaction = CompactionService(config.compaction, lake_urls(config.compaction, config.sinks), reactor)
+    compaction = CompactionService(
+        config.compaction, lake_urls(config.compaction, config.sinks), reactor,
+        iceberg_tables=iceberg_tables(config.compaction, config.sinks),
+    )
     compaction.startService()
     return compaction
 

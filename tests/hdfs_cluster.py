@@ -2,8 +2,10 @@
 
 The launcher (``tests/minicluster/``: a Maven pom and one Java class) is built once with
 Maven from Maven Central's ``org.apache.hadoop:hadoop-client-minicluster`` and its runtime
-jars; the jars and the built class are cached under ``tests/.cache/minicluster/``
-(git-ignored) and rebuilt only when the pom or the launcher change.
+jars; the jars and the built class are cached outside the checkout, in
+``~/.cache/logrouter-tests/minicluster/`` (``go_binary.cache_root()``: every clone and
+worktree on the machine shares one build), and rebuilt only when the pom or the
+launcher change.
 
 ``MiniHdfs`` starts the JVM, waits for its ``READY <port>`` line (with a deadline, no
 sleeps), and drives it over stdin: ``restart_namenode()``, ``stop_namenode()``,
@@ -34,9 +36,11 @@ import threading
 import time
 from pathlib import Path
 
+from go_binary import cache_root
+
 HERE = Path(__file__).resolve().parent
 SOURCE = HERE / "minicluster"
-CACHE = HERE / ".cache" / "minicluster"
+CACHE = cache_root() / "minicluster"
 LIB = CACHE / "lib"
 JAR = CACHE / "target" / "minicluster-1.jar"
 STAMP = CACHE / "built.sha256"
@@ -93,7 +97,7 @@ def build() -> str:
             try:
                 done = subprocess.run(
                     [mvn, "-q", "-B", "-f", str(SOURCE / "pom.xml"), "package", "dependency:copy-dependencies",
-                     f"-DoutputDirectory={LIB}"],
+                     f"-DoutputDirectory={LIB}", f"-Dminicluster.build={CACHE / 'target'}"],
                     capture_output=True, text=True, timeout=BUILD_TIMEOUT,
                 )
             except subprocess.TimeoutExpired as error:

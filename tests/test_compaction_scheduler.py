@@ -301,9 +301,10 @@ def test_compaction_config_section_is_validated():
         "'spark.hadoop.')",
         "compaction.spark_submit: '/nonexistent/spark-submit': not found (give the path of spark-submit, or leave it "
         "empty to run the job with this Python)",
-        "compaction.target: unknown key (allowed: enabled, min_files, schedule_secs, seal_after_secs, sinks, "
+        "compaction.target: unknown key (allowed: enabled, iceberg_procedures, jars_dir, min_files, min_input_files, "
+        "orphan_older_than_secs, retain_snapshots, schedule_secs, seal_after_secs, sinks, snapshot_retention_secs, "
         "spark_conf, spark_master, spark_submit, target_file_bytes, timeout_secs)",
-        "compaction.sinks[1]: unknown sink 'nope' (parquet sinks: lake, out)",
+        "compaction.sinks[1]: unknown sink 'nope' (parquet and iceberg sinks: lake, out)",
     ]
     for master in ("local", "local[4]", "local[*]", "local[2,3]", "yarn", "spark://h:7077", "k8s://https://h:443"):
         assert load_string(base + f'[compaction]\nspark_master = "{master}"\n').compaction["spark_master"] == master

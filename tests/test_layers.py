@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 #: ("logrouter" itself is only the package's ``__init__``).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("entry points", (
-        "logrouter.__main__", "logrouter.cli", "logrouter.tap", "logrouter.top",
+        "logrouter.__main__", "logrouter.cli", "logrouter.iceberg_cli", "logrouter.tap", "logrouter.top",
         "logrouter.jobs",  # the PySpark compaction job: a process of its own
         "twisted.plugins",
     )),

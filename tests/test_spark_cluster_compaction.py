@@ -207,3 +207,58 @@ def test_one_job_on_the_standalone_cluster_compacts_every_partition_of_the_hdfs_
         assert frame.select("id").distinct().count() == len(ids)
     finally:
         spark.stop()
+
+
+def iceberg_table_on_hdfs(catalog_dir: str, warehouse: str, batches: int) -> int:
+    """A pyiceberg table with its files on HDFS (our HdfsFileIO), ``batches`` appends."""
+    from iceberg_spark import events, new_events_table, open_catalog
+
+    table = new_events_table(open_catalog("lake_hdfs", iceberg_catalog(catalog_dir, warehouse)))
+    for n in range(batches):
+        table.append(events(n * 25, 25), snapshot_properties={"logrouter.writer": "w0"})
+    return len(list(table.scan().plan_files()))
+
+
+def iceberg_ids(catalog_dir: str, warehouse: str) -> tuple[list[int], int, list[str]]:
+    from iceberg_spark import open_catalog
+
+    table = open_catalog("lake_hdfs", iceberg_catalog(catalog_dir, warehouse)).load_table("logs.events")
+    files = [task.file.file_path for task in table.scan().plan_files()]
+    return table.scan().to_arrow().column("id").to_pylist(), len(files), files
+
+
+def iceberg_catalog(catalog_dir: str, warehouse: str) -> dict[str, str]:
+    return {"uri": f"sqlite:///{catalog_dir}/catalog.db", "warehouse": warehouse,
+            "py-io-impl": "logrouter.lake.iceberg_hdfs_io.HdfsFileIO"}
+
+
+def test_iceberg_maintenance_on_the_standalone_cluster_of_a_table_on_hdfs(hdfs, spark_master, tmp_path):
+    """The Iceberg job on the cluster: pyiceberg wrote through our HdfsFileIO, Spark's
+    executors rewrite through Hadoop's client, pyiceberg reads the result back."""
+    pytest.importorskip("pyiceberg")
+    import json
+
+    from iceberg_spark import JARS_DIR, jars_or_skip, spark_or_skip
+
+    spark_or_skip()
+    jars_or_skip()
+    master_url, master = spark_master
+    warehouse = hdfs.url("/iceberg/warehouse")
+    files_before = in_child(iceberg_table_on_hdfs, str(tmp_path), warehouse, 6)
+    assert files_before == 6 * 4
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent),
+               LOGROUTER_ICEBERG_CATALOG=json.dumps(iceberg_catalog(str(tmp_path), warehouse)))
+    done = subprocess.run(
+        [sys.executable, "-m", "logrouter.jobs.iceberg_maintain", "--catalog-name", "lake_hdfs", "--table", "logs.events",
+         "--master", master_url, "--jars-dir", str(JARS_DIR), "--seal-after-secs", "0",
+         "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",
+         "--conf", "spark.executor.memory=512m", "--conf", "spark.cores.max=2", "--conf", "spark.sql.shuffle.partitions=2"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr[-4000:]
+    [result] = [json.loads(line.split(" ", 1)[1]) for line in done.stdout.splitlines() if line.startswith("compaction-result")]
+    assert result["rewrite_data_files"]["rewritten_data_files_count"] == files_before
+    assert [line for line in master.text if "Registering app logrouter-iceberg-maintain" in line]
+    ids, files_after, paths = in_child(iceberg_ids, str(tmp_path), warehouse)
+    assert sorted(ids) == list(range(150)) and files_after == 4
+    assert all(path.startswith(warehouse + "/logs/events/data/") for path in paths)

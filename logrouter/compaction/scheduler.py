@@ -5,8 +5,10 @@ that are sealed and worth compacting (``layout.plan_lake``), and works through t
 one at a time: take the partition's lease in the lake, run the job
 (``python -m logrouter.jobs.compact`` or ``spark-submit``, see ``command``) as a child
 process in its own process group, kill that group if it runs past ``timeout_secs``,
-release the lease, log one line and update the metrics, next partition. A tick that
-comes while a round is still going is skipped.
+release the lease, log one line and update the metrics, next partition. Then each
+Iceberg table (``iceberg``): one ``python -m logrouter.jobs.iceberg_maintain`` run per
+table and round, no lease (Iceberg validates its commits). A tick that comes while a
+round is still going is skipped.
 
 Lake I/O (listing, leases) runs through ``blocking`` (default: a thread), so the
 reactor never waits on a disk or a namenode; the job runs in another process, so the
@@ -30,6 +32,7 @@ from twisted.logger import Logger
 
 from logrouter.compaction import lease as leases
 from logrouter.compaction.command import RESULT_PREFIX, job_command, job_env
+from logrouter.compaction.iceberg import IcebergTable, iceberg_command, iceberg_env
 from logrouter.compaction.layout import Candidate, plan_lake
 from logrouter.compaction.runner import JobExit, ProcessRunner, RunningJob, TwistedProcessRunner
 from logrouter.lake.fs import filesystem_for
@@ -67,6 +70,7 @@ class CompactionService(service.Service):
         cwd: str | None = None,
         env: dict[str, str] | None = None,
         filesystems: Callable[[str], tuple[Any, str]] = filesystem_for,
+        iceberg_tables: list[IcebergTable] | None = None,
     ) -> None:
         self.options = options
         self.reactor = reactor
@@ -77,11 +81,12 @@ class CompactionService(service.Service):
         self.cwd = cwd
         self.env = env if env is not None else dict(os.environ)
         self.lakes = [_Lake(url, *filesystems(url)) for url in lakes]
+        self.iceberg_tables = list(iceberg_tables or [])
         self.lease_secs = float(options["timeout_secs"]) + KILL_GRACE_SECS + LEASE_MARGIN_SECS
         self.loop = task.LoopingCall(self.tick)
         self.loop.clock = reactor
         self._round: defer.Deferred | None = None
-        self._queue: deque[tuple[_Lake, Candidate]] = deque()
+        self._queue: deque[tuple[_Lake, Candidate] | IcebergTable] = deque()
         self._job: RunningJob | None = None
         self._timers: list[Any] = []
         self._stopping = False
@@ -109,7 +114,7 @@ class CompactionService(service.Service):
         self.log.info(
             "compaction every {secs}s of {lakes} (master {master})",
             secs=self.options["schedule_secs"],
-            lakes=", ".join(lake.url for lake in self.lakes),
+            lakes=", ".join([*(lake.url for lake in self.lakes), *(t.label for t in self.iceberg_tables)]),
             master=self.options["spark_master"],
         )
 
@@ -168,20 +173,25 @@ class CompactionService(service.Service):
                 int(self.options["target_file_bytes"]),
             )
             found.extend((lake, c) for c in candidates)
-        return found
-
-    @defer.inlineCallbacks
-    def _work(self, found: list[tuple[_Lake, Candidate]]) -> Any:
-        self._queue = deque(found)
         if found:
             self.log.info("compaction: {count} partition(s) to compact", count=len(found))
+        return [*found, *self.iceberg_tables]
+
+    @defer.inlineCallbacks
+    def _work(self, found: list[tuple[_Lake, Candidate] | IcebergTable]) -> Any:
+        self._queue = deque(found)
         while self._queue and not self._stopping:
-            lake, candidate = self._queue.popleft()
+            item = self._queue.popleft()
             try:
-                yield self._one(lake, candidate)
+                if isinstance(item, IcebergTable):
+                    yield self._run(item.label, item.table, iceberg_command(self.options, item, self.python),
+                                    iceberg_env(job_env(self.env, self.python), item))
+                else:
+                    yield self._one(*item)
             except Exception:  # noqa: BLE001 - one partition's trouble must not end the round
                 self.failures += 1
-                self.log.failure("compaction of {lake} {key} failed", lake=lake.url, key=candidate.partition.key)
+                what = item.label if isinstance(item, IcebergTable) else f"{item[0].url} {item[1].partition.key}"
+                self.log.failure("compaction of {what} failed", what=what)
         self._queue.clear()
 
     def _round_failed(self, failure: Any) -> None:
@@ -232,6 +242,10 @@ class CompactionService(service.Service):
 
     def _run_job(self, lake: _Lake, candidate: Candidate, lease: leases.Lease) -> defer.Deferred:
         key = candidate.partition.key
+        return self._run(lake.url, key, self.command(lake.url, key), job_env(self.env, self.python))
+
+    def _run(self, where: str, key: str, argv: list[str], env: dict[str, str]) -> defer.Deferred:
+        """Run one job (``where``/``key`` name it in log lines); fires when it has ended."""
         results: list[dict[str, Any]] = []
         stderr: deque[str] = deque(maxlen=STDERR_LINES_KEPT)
 
@@ -246,7 +260,7 @@ class CompactionService(service.Service):
 
         started = self.reactor.seconds()
         self.runs += 1
-        job = self.runner.spawn(self.command(lake.url, key), job_env(self.env, self.python), self.cwd, on_line)
+        job = self.runner.spawn(argv, env, self.cwd, on_line)
         self._job = job
         timed_out = []
 
@@ -254,7 +268,7 @@ class CompactionService(service.Service):
             timed_out.append(True)
             self.log.warn(
                 "compaction of {lake} {key}: still running after {secs}s; killing its process group",
-                lake=lake.url, key=key, secs=self.options["timeout_secs"],
+                lake=where, key=key, secs=self.options["timeout_secs"],
             )
             self._terminate(job)
 
@@ -273,20 +287,20 @@ class CompactionService(service.Service):
             if timed_out:
                 self.timeouts += 1
             if exit.ok and status in ("compacted", "skipped", "recovered", "busy") and not timed_out:
-                self._succeeded(lake, key, result, elapsed)
+                self._succeeded(where, key, result, elapsed)
             else:
                 self.failures += 1
                 why = result.get("error") or (stderr[-1] if stderr else "no output")
                 self.log.error(
                     "compaction of {lake} {key} failed ({how}{timeout}): {why}",
-                    lake=lake.url, key=key, how=exit.describe(), why=why,
+                    lake=where, key=key, how=exit.describe(), why=why,
                     timeout=", timed out" if timed_out else "",
                 )
 
         job.ended.addCallback(ended)
         return job.ended
 
-    def _succeeded(self, lake: _Lake, key: str, result: dict[str, Any], elapsed: float) -> None:
+    def _succeeded(self, where: str, key: str, result: dict[str, Any], elapsed: float) -> None:
         status = result["status"]
         if status == "compacted":
             self.partitions_compacted += 1
@@ -299,7 +313,7 @@ class CompactionService(service.Service):
             self.log.info(
                 "compaction of {lake} {key}: {before} files ({bytes_before} B) -> {after} ({bytes_after} B), "
                 "{rows} rows, {secs:.1f}s",
-                lake=lake.url, key=key, before=result.get("files_before"), after=result.get("files_after"),
+                lake=where, key=key, before=result.get("files_before"), after=result.get("files_after"),
                 bytes_before=result.get("bytes_before"), bytes_after=result.get("bytes_after"),
                 rows=result.get("rows"), secs=elapsed,
             )
@@ -308,7 +322,7 @@ class CompactionService(service.Service):
                 self.lease_busy += 1
             self.log.info(
                 "compaction of {lake} {key}: {status} ({reason}), {secs:.1f}s",
-                lake=lake.url, key=key, status=status, reason=result.get("reason", ""), secs=elapsed,
+                lake=where, key=key, status=status, reason=result.get("reason", ""), secs=elapsed,
             )
 
     def _terminate(self, job: RunningJob) -> None:

@@ -125,8 +125,11 @@ def _footers(fs: Any, root: str):
                 yield pq.ParquetFile(stream).schema_arrow
 
 
-def add_parser(commands: Any) -> None:
-    lake = commands.add_parser("lake", help="the lake's table: `lake ddl` prints its CREATE TABLE for Spark SQL, Hive or Trino")
+def add_parser(commands: Any) -> Any:
+    """Add ``lake`` and ``lake ddl``; returns ``lake``'s subcommands for more to join."""
+    lake = commands.add_parser(
+        "lake", help="the lake's table: `lake ddl` (parquet lake), `lake show|engines|import` (Iceberg table)"
+    )
     actions = lake.add_subparsers(dest="lake_command", required=True)
     ddl = actions.add_parser("ddl", help="print the table definition of a lake (from its _common_metadata)")
     ddl.add_argument("--config", "-c", default=None, help="config file: the lake of its (first, or --sink) parquet sink")
@@ -143,6 +146,7 @@ def add_parser(commands: Any) -> None:
     )
     ddl.add_argument("--location", default=None, help="LOCATION to print (default: the lake URL)")
     ddl.add_argument("--rebuild", action="store_true", help="first add every file's columns to the table (older lakes)")
+    return actions
 
 
 def _lake_url(args: Any, out: TextIO) -> str | None:
