@@ -46,6 +46,9 @@ class RouterService(service.Service):
 
             self.log.info("workers = auto: one process ({why})", why=workers(self.config)[1] or "one core")
         quiet_repeated_stops(self.reactor, self.log)
+        from logrouter.native import describe
+
+        self.log.info("forward entries into lake columns: {path}", path=describe())
         if self.config_path is not None and self._spool_lock is None:  # a real process, not a test's
             from logrouter.spool.lock import SpoolInUse, lock_spool
 

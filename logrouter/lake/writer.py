@@ -28,8 +28,9 @@ import pyarrow.parquet as pq
 
 from logrouter.lake.convert import TableBuilder
 from logrouter.lake.fs import LakeFileSystem, LocalFileSystem
+from logrouter.lake.native_table import PendingRows, build_table, file_schema_of
 from logrouter.lake.partition import hour_dirs, partition_path, split_by_hour, tag_segment
-from logrouter.lake.schema import TIME, ColumnTypes, Inferred, file_schema
+from logrouter.lake.schema import TIME, ColumnTypes, Inferred
 from logrouter.lake.table import data_columns, read_table_schema, type_name, update_table
 
 Event = tuple[int, dict[str, Any]]
@@ -86,7 +87,7 @@ class _OpenFile:
         self.opened_at = opened_at
         self.first_mark = first_mark
         self.last_mark = first_mark
-        self.pending: list[Event] = []
+        self.pending = PendingRows()  # events, and forward entries still packed
         self.stream: Any = None
         self.writer: pq.ParquetWriter | None = None
         self.builder: TableBuilder | None = None
@@ -258,10 +259,10 @@ class LakeWriter:
         if not file.pending:
             return
         inferred = self._start(file) if file.writer is None else None
-        table = file.builder.build(file.pending, inferred)  # type: ignore[union-attr]
+        table = build_table(file.builder, file.pending, inferred)  # type: ignore[arg-type]
         file.writer.write_table(table)  # type: ignore[union-attr]
         file.rows_written += len(file.pending)
-        file.pending = []
+        file.pending = PendingRows()
         file.bytes_written = file.stream.tell()
         self._disk_bytes_per_row = file.bytes_written / file.rows_written
         self._memory_bytes_per_row = table.nbytes / max(table.num_rows, 1)
@@ -269,7 +270,7 @@ class LakeWriter:
     def _start(self, file: _OpenFile) -> Inferred:
         """Open the staged file; its schema comes from its first row group's rows."""
         inferred: Inferred = {}
-        schema = file_schema(self.column_types, [event[1] for event in file.pending], inferred)
+        schema = file_schema_of(self.column_types, file.pending, inferred)
         file.builder = TableBuilder(schema, self.column_types)
         if not self._staging_made:
             self.fs.makedirs(self.staging_dir)

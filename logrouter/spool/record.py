@@ -34,6 +34,7 @@ import msgspec
 from logrouter.batch import Batch
 from logrouter.sources.events import JSON_DOCUMENTS, events_of_documents
 from logrouter.wire.fluent_forward import decode_entries
+from logrouter.wire.forward_packed import packed_events
 
 VERSION = 2  # batches of decoded events
 PACKED_VERSION = 3  # batches that carry what arrived
@@ -56,7 +57,10 @@ def encode_batch(batch: Batch, key: tuple | None = None) -> bytes:
         if packed[0] not in PACKED_FORMATS:  # a record replay could not read: refuse it now
             raise ValueError(f"unknown packed events format {packed[0]!r}")
         return msgpack.packb((PACKED_VERSION, batch.source, batch.tag, packed, key), **_PACK)
-    body = (VERSION, batch.source, batch.tag, batch.events, key)
+    events = batch.events
+    if type(events) is not list:
+        events = list(events)  # e.g. forward events still packed (wire.forward_packed)
+    body = (VERSION, batch.source, batch.tag, events, key)
     if batch.json_values:
         try:
             return _encode_json_values(body)
@@ -75,7 +79,9 @@ def decode_batch(payload: bytes) -> tuple[Batch, tuple | None]:
         form = events[0]
         if form == FORWARD_ENTRIES:
             _, entries, now = events
-            events, _ = decode_entries(entries, now)
+            # Kept packed where the native extension takes them (the lake builds its
+            # columns from the bytes); decoded now otherwise, which raises for bad ones.
+            events = packed_events(entries, now) or decode_entries(entries, now)[0]
         elif form == JSON_DOCUMENTS:
             _, documents, now, drop_metadata = events
             events = events_of_documents(documents, now, drop_metadata)

@@ -12,7 +12,7 @@
 //! to learn types for the next file.
 
 use crate::json;
-use crate::reader::{hour_bucket, Head, Outside, Reader, R};
+use crate::reader::{hour_bucket, utf8, Head, Outside, Reader, R};
 use std::collections::HashMap;
 
 pub const BOOL: u8 = 1;
@@ -239,9 +239,15 @@ pub fn run<'a>(pieces: &[Piece<'a>], schema: &[(&'a [u8], u8)], build: bool) -> 
                 }
                 let start = r.pos;
                 let head = r.head()?;
-                if let Head::Array(_) | Head::Map(_) = head {
-                    r.pos = start;
-                    r.check_value(1)?;
+                match head {
+                    Head::Array(_) | Head::Map(_) => {
+                        r.pos = start;
+                        r.check_value(1)?;
+                    }
+                    Head::Str(s) => {
+                        utf8(s)?;
+                    }
+                    _ => {}
                 }
                 field.observe(&head);
                 if !build {
