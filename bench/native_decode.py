@@ -6,7 +6,7 @@ of ``--events`` events each (one row group):
 - ``python``: what runs without the extension: each blob decoded into events
   (``decode_entries``, msgspec), then the file's schema chosen from them
   (``schema.file_schema``) and the Arrow table built (``convert.TableBuilder``);
-- ``native``: each blob scanned (``packed_events``: the extension checks and counts
+- ``native``: each blob scanned (``lazy_events``: the extension checks and counts
   it, nothing is built), then schema and table straight from the bytes
   (``native_table.file_schema_of`` and ``build_table``).
 
@@ -42,7 +42,7 @@ from logrouter.lake.native_table import PendingRows, build_table, file_schema_of
 from logrouter.lake.schema import ColumnTypes, file_schema  # noqa: E402
 from logrouter.native import NATIVE, describe  # noqa: E402
 from logrouter.wire.fluent_forward import decode_entries  # noqa: E402
-from logrouter.wire.forward_packed import packed_events  # noqa: E402
+from logrouter.wire.forward_lazy import lazy_events  # noqa: E402
 
 T0 = 1_764_000_000
 
@@ -97,7 +97,7 @@ def python_path(entries: list[bytes]) -> int:
 def native_path(entries: list[bytes]) -> int:
     pending = PendingRows()
     for blob in entries:
-        pending.extend(packed_events(blob, None))
+        pending.extend(lazy_events(blob, None))
     types = ColumnTypes()
     schema = file_schema_of(types, pending, {})
     return build_table(TableBuilder(schema, types), pending).num_rows

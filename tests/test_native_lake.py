@@ -23,7 +23,7 @@ from logrouter.lake.writer import LakeWriter
 from logrouter.native import NATIVE
 from logrouter.spool.record import decode_batch, encode_batch
 from logrouter.wire.fluent_forward import decode_entries
-from logrouter.wire.forward_packed import PackedEvents, packed_events
+from logrouter.wire.forward_lazy import PackedEvents, lazy_events
 
 pytestmark = pytest.mark.skipif(NATIVE is None, reason="logrouter_native is not installed (make builds it)")
 
@@ -62,7 +62,7 @@ def batches():
 def write(root: str, batches, packed: bool) -> LakeWriter:
     writer = LakeWriter(root, "w", 1 << 30, 3600, row_group_rows=40)
     for n, (events, entries) in enumerate(batches):
-        given = packed_events(entries, None) if packed else decode_entries(entries, None)[0]
+        given = lazy_events(entries, None) if packed else decode_entries(entries, None)[0]
         if packed:
             assert isinstance(given, PackedEvents)
         if packed and n == 7:
@@ -127,7 +127,7 @@ def test_the_same_lake_both_ways(tmp_path, monkeypatch) -> None:
 def test_the_forward_source_and_the_spool_keep_events_packed() -> None:
     events = [(T0 + i, {"a": i}) for i in range(3)]
     entries = entries_of(events)
-    batch = Batch("t", packed_events(entries, None), "src", packed=("forward", entries, None))
+    batch = Batch("t", lazy_events(entries, None), "src", packed=("forward", entries, None))
     stored, _ = decode_batch(encode_batch(batch))
     assert isinstance(stored.events, PackedEvents) and stored.events == events
     # Without what arrived (a filter's replace), packed events are stored as records.
@@ -148,3 +148,27 @@ def test_the_forward_source_hands_packed_events_on() -> None:
     first, second = router.batches
     assert isinstance(first.events, PackedEvents) and first.events == usual
     assert type(second.events) is list and second.events == unusual
+
+
+def test_the_codec_hook_keeps_what_the_extension_takes() -> None:
+    """``kept_or_decoded``: what the forward codec calls in place of its own decode."""
+    from logrouter.wire.forward_lazy import kept_or_decoded
+
+    readings = []
+
+    def clock() -> int:
+        readings.append(T0 + 5)
+        return T0 + 5
+
+    def decode(blob, now_ns):
+        return decode_entries(blob, now_ns())
+
+    usual = entries_of([(0, {"a": 1}), (T0, {"a": 2})])
+    events, invalid = kept_or_decoded(usual, clock, decode)
+    assert isinstance(events, PackedEvents) and invalid == 0 and readings == [T0 + 5]
+    assert events == [(T0 + 5, {"a": 1}), (T0, {"a": 2})] and events.now == T0 + 5
+    readings.clear()
+    assert isinstance(kept_or_decoded(entries_of([(T0, {"a": 1})]), clock, decode)[0], PackedEvents) and readings == []
+    unusual = b"\x92\xd7\x00" + struct.pack(">II", 1, 0) + b"\x81\xa1a\xd4\x05\x00"  # an ext value
+    events, invalid = kept_or_decoded(unusual, clock, decode)
+    assert type(events) is list and events == decode_entries(unusual, T0 + 5)[0]

@@ -28,7 +28,7 @@ from logrouter.lake.native_table import PendingRows, build_table, file_schema_of
 from logrouter.lake.schema import ColumnTypes, file_schema
 from logrouter.native import NATIVE
 from logrouter.wire.fluent_forward import ForwardDecodeError, decode_entries
-from logrouter.wire.forward_packed import PackedEvents, packed_events
+from logrouter.wire.forward_lazy import PackedEvents, lazy_events
 
 pytestmark = pytest.mark.skipif(NATIVE is None, reason="logrouter_native is not installed (make builds it)")
 
@@ -97,7 +97,7 @@ def both_ways(events, columns, now=NOW, **packing):
     """(native table, Python table, native types, Python types), or None if the
     extension leaves the entries to Python."""
     entries = entries_of(events, **packing)
-    packed = packed_events(entries, now)
+    packed = lazy_events(entries, now)
     reference, invalid = decode_entries(entries, now)
     if packed is None:
         return None
@@ -133,7 +133,7 @@ def test_a_later_row_group_of_a_file_is_the_same_both_ways(first, later, columns
     """Rows built into a file's schema chosen from other rows: misfits and unknown fields."""
     schema = file_schema(ColumnTypes(columns), [r for _, r in first])
     entries = entries_of(later)
-    packed = packed_events(entries, NOW)
+    packed = lazy_events(entries, NOW)
     if packed is None:
         return
     native_types, python_types = ColumnTypes(columns), ColumnTypes(columns)
@@ -163,7 +163,7 @@ def test_float32_and_integer_times_are_read_the_same(events, single_float, int_t
 @given(events_lists, st.integers(0, 12), st.integers(0, 12))
 def test_slices_and_hour_groups_hold_the_same_rows(events, start, stop) -> None:
     entries = entries_of(events)
-    packed = packed_events(entries, NOW)
+    packed = lazy_events(entries, NOW)
     if packed is None:
         return
     reference = decode_entries(entries, NOW)[0]
@@ -184,7 +184,7 @@ def test_slices_and_hour_groups_hold_the_same_rows(events, start, stop) -> None:
 def test_the_usual_events_are_taken_natively() -> None:
     events = [(NOW + i, {"host": "web1", "level": "info", "status": 200 + i, "took": 0.5, "http": {"path": "/x", "q": [1, None]}})
               for i in range(5)]
-    packed = packed_events(entries_of(events), NOW)
+    packed = lazy_events(entries_of(events), NOW)
     assert isinstance(packed, PackedEvents) and len(packed) == 5
     native, python = both_ways(events, {"status": "int"})
     assert_same_tables(native, python)
@@ -195,7 +195,7 @@ def test_misfits_follow_unknown_fields_in_column_order() -> None:
     events = [(NOW, {"z": 1, "b": "no int", "x": None, "a": [1], "y": b"\x00\xff"})]
     schema = file_schema(ColumnTypes({"a": "int", "b": "int"}), [])
     pending = PendingRows()
-    pending.extend(packed_events(entries_of(events), NOW))
+    pending.extend(lazy_events(entries_of(events), NOW))
     table = build_table(TableBuilder(schema, ColumnTypes({"a": "int", "b": "int"})), pending)
     assert table.column("_extra").to_pylist() == ['{"z":1,"y":"AP8=","a":[1],"b":"no int"}']
     assert table.column("a").to_pylist() == [None]
@@ -227,14 +227,14 @@ raw_outside = {
 
 @pytest.mark.parametrize("entries", list(raw_outside.values()), ids=list(raw_outside))
 def test_what_the_extension_leaves_to_python(entries: bytes) -> None:
-    assert packed_events(entries, NOW) is None
+    assert lazy_events(entries, NOW) is None
     assert NATIVE.build([(entries, NOW, None, 0, 1 << 30)], [], False) is None
 
 
 def test_time_zero_needs_a_clock_reading() -> None:
     entries = entries_of([(0, {"a": 1}), (NOW, {"a": 2})])
-    assert packed_events(entries, None) is None  # the caller reads the clock first
-    packed = packed_events(entries, NOW)
+    assert lazy_events(entries, None) is None  # the caller reads the clock first
+    packed = lazy_events(entries, NOW)
     assert list(packed) == decode_entries(entries, NOW)[0] == [(NOW, {"a": 1}), (NOW, {"a": 2})]
 
 

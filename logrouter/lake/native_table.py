@@ -2,7 +2,7 @@
 
 The lake writer keeps each open file's rows waiting for a row group in a
 ``PendingRows``: decoded events, and events still packed as the forward entries that
-arrived (``wire.forward_packed.PackedEvents``). When every row of a row group is
+arrived (``wire.forward_lazy.PackedEvents``). When every row of a row group is
 packed and the extension is installed, ``file_schema_of`` and ``build_table`` go
 from the bytes to the table in native code (``logrouter_native.build``): the time
 column, each column of the file's schema typed, the rest as ``_extra`` JSON, never a
@@ -34,7 +34,7 @@ from logrouter.lake.schema import (
     file_schema,
 )
 from logrouter.native import NATIVE
-from logrouter.wire.forward_packed import PackedEvents
+from logrouter.wire.forward_lazy import PackedEvents
 
 __all__ = ["PendingRows", "build_table", "file_schema_of"]
 

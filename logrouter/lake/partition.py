@@ -126,7 +126,7 @@ def split_by_hour(events: Sequence[Event]) -> list[tuple[int, Sequence[Event]]]:
     if not events:
         return []
     split = getattr(events, "split_by_hour", None)
-    if split is not None:  # forward entries still packed (wire.forward_packed): split unread
+    if split is not None:  # forward entries still packed (wire.forward_lazy): split unread
         return split()
     times = [event[0] for event in events]
     low = hour_bucket(min(times))

@@ -63,7 +63,7 @@ from logrouter.sources.stream import HandshakeDone, HandshakeFailed, StreamProto
 from logrouter.spool.record import FORWARD_ENTRIES
 from logrouter.wire import fluent_forward as wire
 from logrouter.wire import fluent_handshake as handshake
-from logrouter.wire.forward_packed import packed_events
+from logrouter.wire.forward_lazy import lazy_events
 
 HEARTBEAT_REPLY = b"\x00"
 MAX_PART_BYTES = 128 << 20  # a part is one spool record, and the spool caps those at 256 MiB
@@ -162,11 +162,11 @@ class ForwardProtocol(StreamProtocol):
             return
         on_durable = None if chunk is None else (lambda: self.ack(chunk))
         # packed: the entries as received, which the spool stores instead of encoding the
-        # events, and from which the lake builds its columns (wire.forward_packed)
+        # events, and from which the lake builds its columns (wire.forward_lazy)
         events = message.events
         packed = message.packed
         if packed is not None:
-            events = packed_events(*packed) or events
+            events = lazy_events(*packed) or events
             packed = (FORWARD_ENTRIES, *packed)
         self.submit(Batch(message.tag, events, packed=packed), on_durable, chunk)
 

@@ -34,7 +34,7 @@ import msgspec
 from logrouter.batch import Batch
 from logrouter.sources.events import JSON_DOCUMENTS, events_of_documents
 from logrouter.wire.fluent_forward import decode_entries
-from logrouter.wire.forward_packed import packed_events
+from logrouter.wire.forward_lazy import lazy_events
 
 VERSION = 2  # batches of decoded events
 PACKED_VERSION = 3  # batches that carry what arrived
@@ -59,7 +59,7 @@ def encode_batch(batch: Batch, key: tuple | None = None) -> bytes:
         return msgpack.packb((PACKED_VERSION, batch.source, batch.tag, packed, key), **_PACK)
     events = batch.events
     if type(events) is not list:
-        events = list(events)  # e.g. forward events still packed (wire.forward_packed)
+        events = list(events)  # e.g. forward events still packed (wire.forward_lazy)
     body = (VERSION, batch.source, batch.tag, events, key)
     if batch.json_values:
         try:
@@ -81,7 +81,7 @@ def decode_batch(payload: bytes) -> tuple[Batch, tuple | None]:
             _, entries, now = events
             # Kept packed where the native extension takes them (the lake builds its
             # columns from the bytes); decoded now otherwise, which raises for bad ones.
-            events = packed_events(entries, now) or decode_entries(entries, now)[0]
+            events = lazy_events(entries, now) or decode_entries(entries, now)[0]
         elif form == JSON_DOCUMENTS:
             _, documents, now, drop_metadata = events
             events = events_of_documents(documents, now, drop_metadata)

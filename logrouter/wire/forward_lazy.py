@@ -9,20 +9,21 @@ building anything. A Parquet sink hands such events to the native decoder, which
 builds the lake's columns from the same bytes (``logrouter.lake.native_table``), so
 on a route without filters that read records an event never becomes a Python object.
 
-``packed_events(entries, now)`` makes one, or answers None where the native
+``lazy_events(entries, now)`` makes one, or answers None where the native
 extension is not installed or the blob is outside the subset it takes (see
 ``native/src/reader.rs``): the caller then decodes it in Python as before.
+``kept_or_decoded`` is the same for the codec, which reads its clock only if a
+time-0 entry needs it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from logrouter.native import NATIVE
-from logrouter.wire.fluent_forward import decode_entries
 
-__all__ = ["HOUR_NS", "PackedEvents", "packed_events"]
+__all__ = ["HOUR_NS", "PackedEvents", "kept_or_decoded", "lazy_events"]
 
 Event = tuple[int, dict[str, Any]]
 HOUR_NS = 3_600_000_000_000  # as logrouter.lake.partition: the hour buckets the lake splits by
@@ -63,6 +64,9 @@ class PackedEvents(Sequence):
         """The decoded events (the reference decode, done once)."""
         events = self._events
         if events is None:
+            # Imported here: the codec may call kept_or_decoded, and this module imports nothing of it.
+            from logrouter.wire.fluent_forward import decode_entries
+
             events, _ = decode_entries(self.entries, self.now)
             if self.bucket is not None:
                 bucket = self.bucket
@@ -117,7 +121,7 @@ def _group(events: list[Event]) -> list[tuple[int, list[Event]]]:
     return list(groups.items())
 
 
-def packed_events(entries: bytes, now: int | None) -> PackedEvents | None:
+def lazy_events(entries: bytes, now: int | None) -> PackedEvents | None:
     """The events of an entries blob as ``PackedEvents``, or None where the native
     extension is missing or the blob is outside its subset (decode it in Python then).
     ``now`` is the clock reading time-0 entries take (None: the blob must have none)."""
@@ -133,3 +137,24 @@ def packed_events(entries: bytes, now: int | None) -> PackedEvents | None:
     if needs_now and now is None:
         return None
     return PackedEvents(entries, now, tuple(buckets))
+
+
+def kept_or_decoded(
+    blob: bytes, now_ns: Callable[[], int], decode: Callable[[bytes, Callable[[], int]], tuple[Any, int]]
+) -> tuple[Sequence[Event], int]:
+    """``(events, invalid)`` of a whole inflated blob for the forward codec: kept packed
+    where the extension takes it (nothing decoded, none invalid), else ``decode(blob,
+    now_ns)``, the codec's own decode. ``now_ns`` is called at most once, and only for a
+    blob with time-0 entries, as the codec's decode calls it."""
+    if NATIVE is not None and type(blob) is bytes:
+        now: int | None = None
+        try:
+            found = NATIVE.scan(blob, None)
+            if found is not None and found[1]:  # time-0 entries: one clock reading for them all
+                now = now_ns()
+                found = NATIVE.scan(blob, now)
+        except Exception:  # noqa: BLE001 - a bug in the extension: the Python path is the reference
+            found = None
+        if found is not None:
+            return PackedEvents(blob, now, tuple(found[2])), 0
+    return decode(blob, now_ns)
