@@ -138,16 +138,18 @@ def test_the_forward_source_and_the_spool_keep_events_packed() -> None:
 def test_the_forward_source_hands_packed_events_on() -> None:
     import source_fakes
     from logrouter.sources.fluent_forward import FluentForwardSource
-    from logrouter.wire.fluent_forward import encode_packed_forward
+
+    def encode_packed_forward(tag, events, options=None):  # a PackedForward message, entries as bin
+        return msgpack.packb([tag, entries_of(events), *([options] if options else [])], use_bin_type=True)
 
     source, router, _ = source_fakes.make_source(FluentForwardSource, "fwd", listen="tcp:0:interface=127.0.0.1")
     protocol = source_fakes.Conn(source).protocol
     usual = [(T0 + i, {"a": i}) for i in range(3)]
-    unusual = [(T0, {"a": msgpack.ExtType(5, b"x")})]  # an ext value: left to the Python path
+    unusual = [(T0, {"a": 1, "b": {"a": 1, 5: 2}})]  # an int key: left to the Python path
     protocol.dataReceived(encode_packed_forward("x", usual, {"chunk": "c1"}) + encode_packed_forward("y", unusual))
     first, second = router.batches
     assert isinstance(first.events, PackedEvents) and first.events == usual
-    assert type(second.events) is list and second.events == unusual
+    assert type(second.events) is list and second.events == [(T0, {"a": 1, "b": {"a": 1, 5: 2}})]
 
 
 def test_the_codec_hook_keeps_what_the_extension_takes() -> None:

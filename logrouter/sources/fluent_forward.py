@@ -166,7 +166,8 @@ class ForwardProtocol(StreamProtocol):
         events = message.events
         packed = message.packed
         if packed is not None:
-            events = lazy_events(*packed) or events
+            if type(events) is list:  # (not when the codec kept them packed already)
+                events = lazy_events(*packed) or events
             packed = (FORWARD_ENTRIES, *packed)
         self.submit(Batch(message.tag, events, packed=packed), on_durable, chunk)
 
