@@ -18,10 +18,10 @@ from fuzz_helpers import MAX_INPUT, fuzz_settings, mutated
 from hypothesis import given
 from hypothesis import strategies as st
 
-from logrouter.native import NATIVE
+from logrouter.native import NATIVE, describe
 from logrouter.wire.fluent_forward import ForwardDecodeError, decode_entries
 
-pytestmark = pytest.mark.skipif(NATIVE is None, reason="logrouter_native is not installed (make builds it)")
+pytestmark = pytest.mark.skipif(NATIVE is None, reason=f"native decoding off: {describe()}")
 
 NOW = 1_700_000_000_000_000_000
 SCHEMA = [("a", 1), ("b", 2), ("c", 3), ("d", 4), ("e", 5)]

@@ -20,12 +20,12 @@ import pytest
 
 from logrouter.batch import Batch
 from logrouter.lake.writer import LakeWriter
-from logrouter.native import NATIVE
+from logrouter.native import NATIVE, describe
 from logrouter.spool.record import decode_batch, encode_batch
 from logrouter.wire.fluent_forward import decode_entries
 from logrouter.wire.forward_lazy import PackedEvents, lazy_events
 
-pytestmark = pytest.mark.skipif(NATIVE is None, reason="logrouter_native is not installed (make builds it)")
+pytestmark = pytest.mark.skipif(NATIVE is None, reason=f"native decoding off: {describe()}")
 
 T0 = 1_714_546_800 * 10**9  # 2024-05-01T07:00:00Z
 HOUR = 3_600_000_000_000
@@ -174,3 +174,21 @@ def test_the_codec_hook_keeps_what_the_extension_takes() -> None:
     unusual = b"\x92\xd7\x00" + struct.pack(">II", 1, 0) + b"\x81\xa1a\xd4\x05\x00"  # an ext value
     events, invalid = kept_or_decoded(unusual, clock, decode)
     assert type(events) is list and events == decode_entries(unusual, T0 + 5)[0]
+
+
+def test_which_path_runs_is_said_and_can_be_turned_off() -> None:
+    import subprocess
+    import sys
+
+    from daemon import REPO
+
+    def describe(**env) -> str:
+        import os
+
+        code = "from logrouter.native import describe; print(describe())"
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO,
+                              env={**os.environ, **env})
+        return done.stdout.strip()
+
+    assert describe().startswith("native (logrouter_native ")
+    assert describe(LOGROUTER_NATIVE="0") == "pure Python: turned off by LOGROUTER_NATIVE"

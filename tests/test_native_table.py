@@ -26,11 +26,11 @@ from logrouter.lake.convert import TableBuilder
 from logrouter.lake.partition import split_by_hour
 from logrouter.lake.native_table import PendingRows, build_table, file_schema_of
 from logrouter.lake.schema import ColumnTypes, file_schema
-from logrouter.native import NATIVE
+from logrouter.native import NATIVE, describe
 from logrouter.wire.fluent_forward import ForwardDecodeError, decode_entries
 from logrouter.wire.forward_lazy import PackedEvents, lazy_events
 
-pytestmark = pytest.mark.skipif(NATIVE is None, reason="logrouter_native is not installed (make builds it)")
+pytestmark = pytest.mark.skipif(NATIVE is None, reason=f"native decoding off: {describe()}")
 
 NOW = 1_700_000_000_123_456_789
 HOUR = 3_600_000_000_000

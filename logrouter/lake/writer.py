@@ -13,6 +13,9 @@ caller likes), never read here.
 
 Readers never see staged files: pyarrow's dataset discovery and Spark skip paths
 starting with ``_`` or ``.``.
+
+Rows that arrived as forward entries may stay packed until their row group is built
+(``native_table``: the native extension then builds it from the bytes).
 """
 
 from __future__ import annotations
