@@ -26,7 +26,9 @@ def _load() -> tuple[ModuleType | None, str]:
     try:
         import logrouter_native
     except ImportError as e:
-        return None, f"logrouter_native is not installed ({e}; `pip install ./native` builds it)"
+        if isinstance(e, ModuleNotFoundError) and e.name == "logrouter_native":
+            return None, "logrouter_native is not installed (`pip install ./native` builds it)"
+        return None, f"logrouter_native cannot be loaded: {e}"  # e.g. built for another platform
     return logrouter_native, ""
 
 
