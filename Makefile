@@ -9,6 +9,12 @@ PY := $(VENV)/bin/python
 INSTALLED_RUN := $(VENV)/.installed-run
 INSTALLED_TEST := $(VENV)/.installed-test
 NODE_DEPS := tests/interop/node_modules/.installed
+# The native decoders (native/, Rust; docs/native.md), built into the venv when cargo is
+# there. Cargo's build tree is outside the checkout, beside the tests' cached builds, so a
+# fresh clone on the same machine rebuilds only what changed.
+INSTALLED_NATIVE := $(VENV)/.installed-native
+NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml $(wildcard native/src/*.rs)
+NATIVE_TARGET ?= $(or $(LOGROUTER_TEST_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/logrouter-tests)/native-target
 CONFIG ?= etc/logrouter.toml
 
 .PHONY: run test docs check-config bench clean
@@ -29,17 +35,24 @@ $(INSTALLED_TEST): setup.cfg pyproject.toml | $(PY)
 	$(PY) -m pip install -q -e '.[test]' --config-settings editable_mode=compat
 	@touch $@
 
+# Without cargo logrouter runs its pure-Python decode (the daemon's log says which runs).
+$(INSTALLED_NATIVE): $(NATIVE_SOURCES) | $(PY)
+	@if command -v cargo >/dev/null 2>&1; then \
+		echo "building native/ (cargo, cached in $(NATIVE_TARGET))"; \
+		CARGO_TARGET_DIR=$(NATIVE_TARGET) $(PY) -m pip install -q --force-reinstall --no-deps ./native && touch $@; \
+	else echo "NOTE: cargo not found: logrouter runs its pure-Python decode (install Rust to build native/)"; fi
+
 # The npm clients and servers of the interop tests (Node.js and npm are on the machine).
 $(NODE_DEPS): tests/interop/package.json
 	@if command -v npm >/dev/null 2>&1; then \
 		cd tests/interop && npm install --no-audit --no-fund --loglevel=error && touch node_modules/.installed; \
 	else echo "NOTE: npm not found; the npm interop tests will be skipped (apt-get install nodejs npm)"; fi
 
-run: $(INSTALLED_RUN)
+run: $(INSTALLED_RUN) $(INSTALLED_NATIVE)
 	@mkdir -p var
 	$(VENV)/bin/twistd --nodaemon --pidfile= logrouter --config $(CONFIG)
 
-test: $(INSTALLED_TEST) $(NODE_DEPS)
+test: $(INSTALLED_TEST) $(INSTALLED_NATIVE) $(NODE_DEPS)
 	@command -v java >/dev/null 2>&1 || echo "NOTE: java not found; Spark tests will be skipped. Install Java 17: apt-get install openjdk-17-jre-headless"
 	$(PY) -m pytest -q
 
@@ -51,7 +64,7 @@ docs: $(INSTALLED_TEST)
 check-config: $(INSTALLED_RUN)
 	$(VENV)/bin/logrouter check-config $(CONFIG)
 
-bench: $(INSTALLED_RUN)
+bench: $(INSTALLED_RUN) $(INSTALLED_NATIVE)
 	$(PY) bench/forward_load.py
 
 clean:

@@ -41,6 +41,9 @@ class RouterService(service.Service):
         for warning in warnings(self.config):
             self.log.warn("config: {warning}", warning=warning)
         quiet_repeated_stops(self.reactor, self.log)
+        from logrouter.native import describe
+
+        self.log.info("forward entries into lake columns: {path}", path=describe())
         if self.config_path is not None and self._spool_lock is None:  # a real process, not a test's
             from logrouter.spool.lock import SpoolInUse, lock_spool
 

@@ -44,7 +44,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("leaves", (
         "logrouter",  # the package itself: its version
         "logrouter.batch", "logrouter.paths", "logrouter.regex", "logrouter.serial", "logrouter.registry",
-        "logrouter.units", "logrouter.progress", "logrouter.open_files",
+        "logrouter.units", "logrouter.progress", "logrouter.open_files", "logrouter.native",
         "logrouter.atomic_file", "logrouter.faults",  # test-only fault points: imports nothing of ours
     )),
 ]

@@ -131,6 +131,9 @@ def split_by_hour(events: Sequence[Event]) -> list[tuple[int, Sequence[Event]]]:
     """
     if not events:
         return []
+    split = getattr(events, "split_by_hour", None)
+    if split is not None:  # forward entries still packed (wire.forward_lazy): split unread
+        return split()
     times = [event[0] for event in events]
     low = hour_bucket(min(times))
     if low == hour_bucket(max(times)):

@@ -17,6 +17,9 @@ starting with ``_`` or ``.``.
 Where a published file goes and what its schema is belongs to a layout: the Hive
 lake's by default (``HiveLayout``); the ``iceberg`` sink hands in its table's
 (``logrouter.lake.iceberg_table``), whose files carry field ids and a ``tag`` column.
+
+Rows that arrived as forward entries may stay packed until their row group is built
+(``native_table``: the native extension then builds it from the bytes).
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ import pyarrow.parquet as pq
 
 from logrouter.lake.convert import TableBuilder
 from logrouter.lake.fs import LakeFileSystem, LocalFileSystem
+from logrouter.lake.native_table import PendingRows, build_table, file_schema_of
 from logrouter.lake.partition import hour_bucket_of, hour_dirs, partition_path, split_by_hour, tag_segment
-from logrouter.lake.schema import TIME, ColumnTypes, Inferred, file_schema
+from logrouter.lake.schema import TIME, ColumnTypes, Inferred
 from logrouter.lake.table import data_columns, read_table_schema, type_name, update_table
 
 Event = tuple[int, dict[str, Any]]
@@ -128,7 +132,7 @@ class _OpenFile:
         self.opened_at = opened_at
         self.first_mark = first_mark
         self.last_mark = first_mark
-        self.pending: list[Event] = []
+        self.pending = PendingRows()  # events, and forward entries still packed
         self.stream: Any = None
         self.writer: pq.ParquetWriter | None = None
         self.builder: TableBuilder | None = None
@@ -304,10 +308,10 @@ class LakeWriter:
         if not file.pending:
             return
         inferred = self._start(file) if file.writer is None else None
-        table = file.finish(file.builder.build(file.pending, inferred))  # type: ignore[union-attr]
+        table = file.finish(build_table(file.builder, file.pending, inferred))  # type: ignore[arg-type, union-attr]
         file.writer.write_table(table)  # type: ignore[union-attr]
         file.rows_written += len(file.pending)
-        file.pending = []
+        file.pending = PendingRows()
         file.bytes_written = file.stream.tell()
         self._disk_bytes_per_row = file.bytes_written / file.rows_written
         self._memory_bytes_per_row = table.nbytes / max(table.num_rows, 1)
@@ -315,7 +319,7 @@ class LakeWriter:
     def _start(self, file: _OpenFile) -> Inferred:
         """Open the staged file; its schema comes from its first row group's rows."""
         inferred: Inferred = {}
-        schema = file_schema(self.column_types, [event[1] for event in file.pending], inferred)
+        schema = file_schema_of(self.column_types, file.pending, inferred)
         shape = self.layout.file_shape(file.tag, file.bucket, schema)
         file.builder = TableBuilder(shape.rows, self.column_types)
         file.finish = shape.finish

@@ -64,6 +64,7 @@ from logrouter.sources.stream_handshake import HandshakeDone, HandshakeFailed
 from logrouter.spool import formats
 from logrouter.wire import fluent_forward as wire
 from logrouter.wire import fluent_handshake as handshake
+from logrouter.wire.forward_lazy import lazy_events
 
 HEARTBEAT_REPLY = b"\x00"
 MAX_PART_BYTES = 128 << 20  # a part is one spool record, and the spool caps those at 256 MiB
@@ -73,8 +74,11 @@ OFFLOAD_HOLD = "offload"  # the hold_reading reason while a connection's message
 def events_of_entries(entries: bytes, now: int | None) -> list:
     """The events of a stored PackedForward entries blob (inflated) whose time-0 entries
     got the clock reading ``now``: ``wire.decode_entries``, which must keep giving the
-    same events for the same bytes (else the format needs a new name)."""
-    return wire.decode_entries(entries, now)[0]
+    same events for the same bytes (else the format needs a new name). Kept packed where
+    the native extension takes them (``wire.forward_lazy``: the lake builds its columns
+    from the bytes; the events, if read, are the same); decoded now otherwise, which
+    raises for bad ones."""
+    return lazy_events(entries, now) or wire.decode_entries(entries, now)[0]
 
 
 # A PackedForward message's entries are stored as received (``Batch.packed``).
@@ -172,11 +176,15 @@ class ForwardProtocol(StreamProtocol):
             self.ack(chunk)
             return
         on_durable = None if chunk is None else (lambda: self.ack(chunk))
-        # packed: the entries as received, which the spool stores instead of encoding the events
+        # packed: the entries as received, which the spool stores instead of encoding the
+        # events, and from which the lake builds its columns (wire.forward_lazy)
+        events = message.events
         packed = message.packed
         if packed is not None:
+            if type(events) is list:  # (not when the codec kept them packed already)
+                events = lazy_events(*packed) or events
             packed = (FORWARD_ENTRIES, *packed)
-        self.submit(Batch(message.tag, message.events, packed=packed), on_durable, chunk)
+        self.submit(Batch(message.tag, events, packed=packed), on_durable, chunk)
 
     def ack(self, chunk: bytes | None) -> None:
         if chunk is not None:

@@ -43,7 +43,10 @@ def encode_batch(batch: Batch, key: tuple | None = None) -> bytes:
     if packed is not None:
         formats.check(packed)  # a record replay could not read: refuse it now
         return msgpack.packb((PACKED_VERSION, batch.source, batch.tag, packed, key), **_PACK)
-    body = (VERSION, batch.source, batch.tag, batch.events, key)
+    events = batch.events
+    if type(events) is not list:
+        events = list(events)  # e.g. forward events still packed (wire.forward_lazy)
+    body = (VERSION, batch.source, batch.tag, events, key)
     if batch.json_values:
         try:
             return _encode_json_values(body)

@@ -1,0 +1,146 @@
+"""The decode step alone: PackedForward entries -> one lake row group, native vs Python.
+
+What each path does with the inflated entries of ``--blobs`` PackedForward messages
+of ``--events`` events each (one row group):
+
+- ``python``: what runs without the extension: each blob decoded into events
+  (``decode_entries``, msgspec), then the file's schema chosen from them
+  (``schema.file_schema``) and the Arrow table built (``convert.TableBuilder``);
+- ``native``: each blob scanned (``lazy_events``: the extension checks and counts
+  it, nothing is built), then schema and table straight from the bytes
+  (``native_table.file_schema_of`` and ``build_table``).
+
+Both give the same table (tests/test_native_table.py). The two paths run in the same
+process, alternating, ``--repeats`` times each; each run is timed in CPU seconds of
+the process (``time.process_time``) and printed per million events, and the ratio of
+each pair of neighbouring runs is given as median, min and max: on a loaded machine
+the ratio is the figure to read, not the rates. ``--shape flat`` is
+``bench/forward_load.py``'s ~100-byte 4-field records; ``--shape filebeat`` the
+~1 KB nested records of a Filebeat 8 event (``bench/lumber_send``) as a fluent
+sender would forward them.
+
+    .venv/bin/python bench/native_decode.py --shape flat --repeats 7
+    .venv/bin/python bench/native_decode.py --shape filebeat --repeats 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import struct
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import msgpack  # noqa: E402
+
+from logrouter.lake.convert import TableBuilder  # noqa: E402
+from logrouter.lake.native_table import PendingRows, build_table, file_schema_of  # noqa: E402
+from logrouter.lake.schema import ColumnTypes, file_schema  # noqa: E402
+from logrouter.native import NATIVE, describe  # noqa: E402
+from logrouter.wire.fluent_forward import decode_entries  # noqa: E402
+from logrouter.wire.forward_lazy import lazy_events  # noqa: E402
+
+T0 = 1_764_000_000
+
+
+def flat(i: int) -> dict:
+    return {"host": "web-%02d" % (i % 17), "level": "info" if i % 5 else "warn",
+            "msg": "GET /api/v1/items/%06d 200" % i, "bytes": 512 + i}
+
+
+def filebeat(i: int) -> dict:
+    return {
+        "@timestamp": "2026-11-26T10:%02d:%02d.%03dZ" % (i // 3600 % 60, i // 60 % 60, i % 1000),
+        "@metadata": {"beat": "filebeat", "type": "_doc", "version": "8.11.0"},
+        "message": '10.0.%d.%d - - [26/Nov/2026:10:00:00 +0000] "GET /api/v1/items/%06d HTTP/1.1" 200 %d "-" '
+                   '"Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36"' % (i % 256, i % 200, i, 512 + i % 1000),
+        "log": {"offset": 1000 * i, "file": {"device_id": "64769", "inode": "1839212", "path": "/var/log/nginx/access.log"}},
+        "input": {"type": "filestream"},
+        "ecs": {"version": "8.0.0"},
+        "host": {"hostname": "web-%02d" % (i % 17), "architecture": "x86_64",
+                 "os": {"kernel": "6.1.0-13-amd64", "codename": "bookworm", "type": "linux", "platform": "debian",
+                        "version": "12 (bookworm)", "family": "debian", "name": "Debian GNU/Linux"},
+                 "id": "8e6bd3d7a1b64e3c9a1d1c1f5e2f0a11", "containerized": False,
+                 "ip": ["10.0.0.%d" % (i % 17), "fe80::5054:ff:fe12:3456"], "mac": ["52-54-00-12-34-56"],
+                 "name": "web-%02d" % (i % 17)},
+        "agent": {"ephemeral_id": "3f0a6c1e-2b8d-4f57-9c3e-2a1b0c9d8e7f", "id": "b1c2d3e4-f5a6-4b7c-8d9e-0f1a2b3c4d5e",
+                  "name": "web-%02d" % (i % 17), "type": "filebeat", "version": "8.11.0"},
+    }
+
+
+def blobs(shape: str, count: int, events: int) -> list[bytes]:
+    make = flat if shape == "flat" else filebeat
+    packer = msgpack.Packer()
+    out = []
+    for b in range(count):
+        out.append(b"".join(
+            packer.pack([msgpack.ExtType(0, struct.pack(">II", T0, (b * events + i) * 1000)), make(b * events + i)])
+            for i in range(events)
+        ))
+    return out
+
+
+def python_path(entries: list[bytes]) -> int:
+    events = []
+    for blob in entries:
+        events += decode_entries(blob, None)[0]
+    types = ColumnTypes()
+    inferred: dict = {}
+    schema = file_schema(types, [record for _, record in events], inferred)
+    return TableBuilder(schema, types).build(events, inferred).num_rows
+
+
+def native_path(entries: list[bytes]) -> int:
+    pending = PendingRows()
+    for blob in entries:
+        pending.extend(lazy_events(blob, None))
+    types = ColumnTypes()
+    schema = file_schema_of(types, pending, {})
+    return build_table(TableBuilder(schema, types), pending).num_rows
+
+
+def timed(path, entries: list[bytes], rounds: int) -> float:
+    """CPU seconds per million events of ``rounds`` runs of ``path``, freeing included."""
+    gc.collect()
+    start = time.process_time()
+    rows = 0
+    for _ in range(rounds):
+        rows += path(entries)
+    return (time.process_time() - start) / rows * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--shape", choices=("flat", "filebeat"), default="flat")
+    parser.add_argument("--blobs", type=int, default=10, help="PackedForward messages per row group")
+    parser.add_argument("--events", type=int, default=1000, help="events per message")
+    parser.add_argument("--rounds", type=int, default=5, help="row groups per timed run")
+    parser.add_argument("--repeats", type=int, default=7, help="timed runs of each path, alternating")
+    args = parser.parse_args()
+    if NATIVE is None:
+        sys.exit(f"the native extension is not here: {describe()}")
+    entries = blobs(args.shape, args.blobs, args.events)
+    assert python_path(entries) == native_path(entries) == args.blobs * args.events
+    size = sum(map(len, entries)) / (args.blobs * args.events)
+    print(f"{args.shape}: {args.blobs} x {args.events} events per row group, {size:.0f} bytes of msgpack per event; "
+          f"{args.rounds} row groups per run, {args.repeats} runs of each path, alternating")
+    results: dict[str, list[float]] = {"python": [], "native": []}
+    ratios = []
+    for repeat in range(args.repeats):
+        order = ("python", "native") if repeat % 2 == 0 else ("native", "python")
+        for name in order:
+            results[name].append(timed(python_path if name == "python" else native_path, entries, args.rounds))
+        ratios.append(results["python"][-1] / results["native"][-1])
+    for name, runs in results.items():
+        print(f"  {name:6}: CPU s per million events: median {statistics.median(runs):.3f} "
+              f"(min {min(runs):.3f}, max {max(runs):.3f})")
+    print(f"  python / native, pair by pair: median {statistics.median(ratios):.2f}x "
+          f"(min {min(ratios):.2f}x, max {max(ratios):.2f}x)")
+
+
+if __name__ == "__main__":
+    main()
