@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import re
 import tomllib
-from pathlib import Path
 
 import pytest
 
 from logrouter.config.load import ConfigError, validate
+from repo_paths import DOCS, REPO
 
-REPO = Path(__file__).resolve().parent.parent
-DOCS = REPO / "docs"
 BLOCK = re.compile(r"^```toml\n(.*?)^```", re.M | re.S)
 #: The TLS files the snippets name -> the attribute of ``fixtures.pki.Pki`` that stands in.
 TLS_FILES = {

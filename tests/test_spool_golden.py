@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import struct
-from pathlib import Path
 from typing import Any, Callable
 
 import msgpack
@@ -30,8 +29,9 @@ from logrouter import registry
 from logrouter.batch import Batch
 from logrouter.spool import formats
 from logrouter.spool.record import decode_batch, decode_deferred, decode_key, encode_batch
+from repo_paths import FIXTURES
 
-GOLDEN = Path(__file__).parent / "fixtures" / "spool_records"
+GOLDEN = FIXTURES / "spool_records"
 WRITE = os.environ.get("LOGROUTER_WRITE_GOLDEN") == "1"
 NS = 1_000_000_000
 T0 = 1_700_000_000
