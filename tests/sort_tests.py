@@ -241,6 +241,8 @@ def rewrite_mentions(moved: dict[str, str]) -> list[str]:
     changed = []
     for rel in filter(None, listed.decode().split("\0")):
         path = repo / rel
+        if path == Path(__file__).resolve():
+            continue  # its own examples are not mentions
         if not (path.suffix in TEXT_SUFFIXES or path.name == "Makefile") or not path.is_file():
             continue
         try:
