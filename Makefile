@@ -44,7 +44,7 @@ test: $(INSTALLED_TEST) $(NODE_DEPS)
 	$(PY) -m pytest -q
 
 # The docs site (mkdocs + Material, from the test extras) on http://127.0.0.1:8000, rebuilt on
-# every change; `make test` builds it with --strict (tests/test_docs_site.py).
+# every change; `make test` builds it with --strict (tests/integration/test_docs_site.py).
 docs: $(INSTALLED_TEST)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
 

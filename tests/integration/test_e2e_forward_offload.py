@@ -1,7 +1,7 @@
 """Big forward messages decoded in parts, in the real daemon on loopback: small chunks
 are acked while a 210 MiB message is worked on, and a ``kill -9`` between the parts of a
 big message stores each event once when the client resends it. (The parts themselves,
-step by step on a StringTransport: tests/test_forward_source_offload.py.)
+step by step on a StringTransport: tests/unit/test_forward_source_offload.py.)
 """
 
 from __future__ import annotations

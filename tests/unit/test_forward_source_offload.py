@@ -7,7 +7,7 @@ connections go on, parts are stored as separate batches with their own dedupe ke
 ack waits for every part, the router's backpressure and a part waiting for the disk hold
 production back, connections take turns a step at a time, a bomb is refused, and a stop
 lets the work finish within its drain and abandons it after. One test runs the real threads.
-(The real daemon with big messages: tests/test_e2e_forward_offload.py.)
+(The real daemon with big messages: tests/integration/test_e2e_forward_offload.py.)
 """
 
 from __future__ import annotations

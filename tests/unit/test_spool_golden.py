@@ -11,7 +11,7 @@ writing the same bytes for the same batch. Each ``<name>.record`` is one record'
 The files were made by the code of their day, never by the code under test. To add one
 for a new stored format, add its maker to ``MAKERS`` and run
 
-    LOGROUTER_WRITE_GOLDEN=1 python -m pytest tests/test_spool_golden.py
+    LOGROUTER_WRITE_GOLDEN=1 python -m pytest tests/unit/test_spool_golden.py
 
 which writes the files that are missing and never overwrites one.
 """
