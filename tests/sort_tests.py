@@ -2,7 +2,7 @@
 
 ``python tests/sort_tests.py`` prints the plan: every ``tests/test_*.py`` not yet in a
 kind folder, where it goes and why. ``--apply`` moves them with ``git mv`` (a plain rename
-for a file git does not track yet) and rewrites the mentions of their old paths
+for a file git does not track yet) and rewrites the mentions of old paths of sorted modules
 (``tests/test_x.py``) in the checkout's tracked text files; review and commit the result.
 Files already in a kind folder never move again, so running it twice, or after merging
 branches that added new files to ``tests/``, only sorts the newcomers.
@@ -229,9 +229,10 @@ def glob_in_folder(match: re.Match, moved: dict[str, str]) -> str:
     return f"tests/{kinds.pop()}/{match.group(1)}" if len(kinds) == 1 else match.group(0)
 
 
-def rewrite_mentions(moved: dict[str, str]) -> list[str]:
-    """Point ``tests/test_x.py`` in tracked text files at ``tests/<kind>/test_x.py``;
-    the files changed. A mention that is already in a folder is not matched again."""
+def rewrite_mentions(moved: dict[str, str], write: bool = True) -> list[str]:
+    """Point ``tests/test_x.py`` in tracked text files at ``tests/<kind>/test_x.py`` for
+    every sorted module (also mentions a merged branch wrote of a module sorted before);
+    the files changed, or that would change. A mention already in a folder is not matched."""
     if not moved:
         return []
     repo = TESTS.parent
@@ -252,7 +253,8 @@ def rewrite_mentions(moved: dict[str, str]) -> list[str]:
         new = pattern.sub(lambda m: f"tests/{moved[m.group(1)]}/{m.group(1)}", text)
         new = GLOB.sub(lambda m: glob_in_folder(m, moved), new)
         if new != text:
-            path.write_text(new, encoding="utf-8")
+            if write:
+                path.write_text(new, encoding="utf-8")
             changed.append(rel)
     return changed
 
@@ -260,20 +262,22 @@ def rewrite_mentions(moved: dict[str, str]) -> list[str]:
 def main(argv: list[str]) -> int:
     apply = "--apply" in argv
     items = plan()
-    if not items:
-        print("every test module is sorted")
-        return 0
     for item in sorted(items, key=lambda i: (KINDS.index(i.kind), i.path.name)):
         print(f"{item.kind:<12} {item.path.name:<44} {item.why}")
         if uses_bare_file(item.path):
             print(f"{'':<12} WARNING: {item.path.name} reads __file__; use repo_paths (REPO, TESTS) instead")
         if apply:
             move(item.path, item.kind)
-    counts = {kind: sum(i.kind == kind for i in items) for kind in KINDS}
-    print(("moved: " if apply else "plan (run with --apply to move): ") + ", ".join(f"{k} {n}" for k, n in counts.items()))
-    if apply:
-        changed = rewrite_mentions({item.path.name: item.kind for item in items})
-        print(f"mentions of the old paths rewritten in {len(changed)} files: " + " ".join(changed))
+    if items:
+        counts = {kind: sum(i.kind == kind for i in items) for kind in KINDS}
+        print(("moved: " if apply else "plan (run with --apply to move): ") + ", ".join(f"{k} {n}" for k, n in counts.items()))
+    else:
+        print("every test module is sorted")
+    sorted_now = {path.name: where(path) for path in all_test_modules() if where(path)}
+    sorted_now.update({item.path.name: item.kind for item in items})
+    changed = rewrite_mentions(sorted_now, write=apply)
+    if changed:
+        print(("rewrote" if apply else "would rewrite") + f" mentions of old test paths in {len(changed)} files: " + " ".join(changed))
     return 0
 
 
