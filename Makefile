@@ -17,7 +17,7 @@ NATIVE_SOURCES := native/Cargo.toml native/Cargo.lock native/pyproject.toml $(wi
 NATIVE_TARGET ?= $(or $(LOGROUTER_TEST_CACHE),$(or $(XDG_CACHE_HOME),$(HOME)/.cache)/logrouter-tests)/native-target
 CONFIG ?= etc/logrouter.toml
 
-.PHONY: run test docs check-config bench clean
+.PHONY: run test test-unit docs check-config bench clean
 
 $(PY):
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "logrouter needs Python 3.11 or newer")'
@@ -52,12 +52,18 @@ run: $(INSTALLED_RUN) $(INSTALLED_NATIVE)
 	@mkdir -p var
 	$(VENV)/bin/twistd --nodaemon --pidfile= logrouter --config $(CONFIG)
 
+# Every kind: tests/unit, integration, interop and lake (docs/testing.md).
 test: $(INSTALLED_TEST) $(INSTALLED_NATIVE) $(NODE_DEPS)
 	@command -v java >/dev/null 2>&1 || echo "NOTE: java not found; Spark tests will be skipped. Install Java 17: apt-get install openjdk-17-jre-headless"
 	$(PY) -m pytest -q
 
+# The fast loop: tests/unit alone (no daemon, process, socket or sleep), each fuzz target
+# with 25 examples instead of 200, under a minute.
+test-unit: $(INSTALLED_TEST)
+	LOGROUTER_FUZZ_EXAMPLES=25 $(PY) -m pytest -q tests/unit
+
 # The docs site (mkdocs + Material, from the test extras) on http://127.0.0.1:8000, rebuilt on
-# every change; `make test` builds it with --strict (tests/test_docs_site.py).
+# every change; `make test` builds it with --strict (tests/integration/test_docs_site.py).
 docs: $(INSTALLED_TEST)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8000
 

@@ -1,4 +1,5 @@
-"""Fixtures shared by many test modules."""
+"""Fixtures every kind of test shares (unit, integration, interop, lake); a fixture of one
+kind goes in that folder's conftest.py."""
 
 from __future__ import annotations
 

@@ -20,8 +20,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-DOCS = REPO / "docs"
+from repo_paths import DOCS, REPO  # noqa: F401 - REPO for the tests that import it from here
 
 FENCE = re.compile(r"^```([\w+-]*)[^\n]*\n(.*?)^```", re.M | re.S)
 NAMED = re.compile(r"^<!-- snippet: ([\w.-]+) -->\n```[^\n]*\n(.*?)^```", re.M | re.S)

@@ -16,7 +16,7 @@ payload that did not fit is dropped and the shipper sends it again after reconne
 ``compare()`` runs one shipper config against Log Carver and against ``logrouter``, a
 plain run and then a full pipeline, and sums up what the shipper was acknowledged and
 how; ``python tests/log_carver.py`` prints that (``docs/protocols/log_courier.md`` records
-the result), ``tests/test_log_carver.py`` (only with ``LOGROUTER_LOG_CARVER=1``, about a
+the result), ``tests/interop/test_log_carver.py`` (only with ``LOGROUTER_LOG_CARVER=1``, about a
 minute) asserts it.
 
 Full pipeline: Log Carver with a receiver ``max pending payloads`` of 2 and a 6 s output

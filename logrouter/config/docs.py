@@ -20,7 +20,7 @@ page when it does not exist yet (it then needs its prose and a line in ``mkdocs.
 
 The tables are generated Markdown checked into the pages, not made at build time: the
 pages read the same on a forge, in an editor and on the site, and a changed option shows
-up in review as a changed page. ``tests/test_docs_options.py`` fails when they drift.
+up in review as a changed page. ``tests/unit/test_docs_options.py`` fails when they drift.
 
     python -m logrouter.config.docs --write docs   # regenerate the tables
     python -m logrouter.config.docs --check docs   # exit status 1 if they drifted

@@ -15,7 +15,7 @@ is known before a router reads a spool; a reader that meets a name nobody regist
 **A name is a version.** A spool written before an upgrade is replayed after it, so a
 decoder must give the same events for the same fields for as long as such spools may
 exist: a change to what it yields needs a new name, registered beside the old one, which
-stays. ``tests/test_spool_golden.py`` holds a record of each registered format as written
+stays. ``tests/unit/test_spool_golden.py`` holds a record of each registered format as written
 and fails for a format without one.
 """
 

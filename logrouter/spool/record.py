@@ -12,7 +12,7 @@ writer keys; 3 stores, in place of the events, what arrived: ``[format, …]`` f
 that carries it (``Batch.packed``), one of the stored formats the sources register in
 ``logrouter.spool.formats``, which reads it back. Batches without ``packed`` are written
 as version 2. Every version is read, so a spool written before an upgrade still replays;
-``tests/test_spool_golden.py`` holds a record of each as written.
+``tests/unit/test_spool_golden.py`` holds a record of each as written.
 """
 
 from __future__ import annotations

@@ -6,12 +6,11 @@ under ``docs/``, and each table is exactly what its ``OPTIONS`` say. Regenerate 
 
 from __future__ import annotations
 
-from pathlib import Path
 
 from logrouter.config import docs
 from logrouter.config.options import Option
+from repo_paths import DOCS
 
-DOCS = Path(__file__).resolve().parent.parent / "docs"
 
 
 def test_the_docs_tables_match_the_option_specs():

@@ -34,8 +34,8 @@ from logrouter.pravega.streams import (
     split_segment_id,
     valid_name,
 )
+from repo_paths import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 TOKEN = "delegation-token-for-tests"
 CHANNEL_OPTIONS = [("grpc.enable_http_proxy", 0)]
 

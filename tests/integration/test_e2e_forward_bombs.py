@@ -19,7 +19,7 @@ import msgpack
 
 from daemon import Daemon
 from helpers import recv_exactly, wait_until
-from test_forward_source_offload import bomb_like_message
+from test_e2e_forward_offload import bomb_like_message
 
 T0 = 1_700_000_000
 

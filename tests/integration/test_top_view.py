@@ -1,6 +1,6 @@
 """``logrouter top`` without a terminal: a metrics page read into a snapshot, the view drawn
 from two snapshots (rates from their difference) into a string, and where the command
-finds the page. ``tests/test_top_tmux.py`` runs the command in a real terminal.
+finds the page. ``tests/integration/test_top_tmux.py`` runs the command in a real terminal.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from logrouter.lake.dataset import lake_dataset
 from logrouter.lake.fs import filesystem_for
 from logrouter.lake.partition import HOUR_NS
 from logrouter.lake.writer import LakeWriter
+from repo_paths import REPO
 
 T0 = 1_714_546_800 * 10**9  # 2024-05-01T07:00:00Z: long sealed
 TAGS = ["app", "db", "web"]
@@ -170,7 +171,7 @@ def test_one_job_on_the_standalone_cluster_compacts_every_partition_of_the_hdfs_
     before = in_child(partitions, url)
     assert len(before) == len(TAGS) * HOURS and all(len(files) == FILES_PER_PARTITION for _, files in before)
 
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    env = dict(os.environ, PYTHONPATH=str(REPO))
     done = subprocess.run(
         [sys.executable, "-m", "logrouter", "compact", "--path", url, "--master", master_url, "--seal-after-secs", "0",
          "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.driver.bindAddress=127.0.0.1",

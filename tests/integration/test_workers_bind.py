@@ -2,7 +2,7 @@
 
 Importing pyarrow may start jemalloc's background thread before the worker's ``main``
 binds itself; bound per thread, it stayed on every CPU (and so did the threads it
-starts), which ``tests/test_e2e_workers.py`` saw now and then. Run in a child process:
+starts), which ``tests/integration/test_e2e_workers.py`` saw now and then. Run in a child process:
 binding the test process would pin the rest of the session.
 """
 

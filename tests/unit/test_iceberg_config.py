@@ -6,6 +6,7 @@ import pytest
 
 from logrouter.config.load import ConfigError, load_string
 from logrouter.lake.iceberg_catalog import catalog_properties, redact
+from repo_paths import DOCS
 
 BASE = """
 [spool]
@@ -70,10 +71,8 @@ def test_the_catalog_properties_pass_through_beside_the_sinks_own(tmp_path):
 
 
 def test_the_manuals_option_table_is_the_specs():
-    from pathlib import Path
-
     from logrouter.config import docs
 
-    text = (Path(__file__).resolve().parent.parent / "docs" / "sinks" / "iceberg.md").read_text(encoding="utf-8")
+    text = (DOCS / "sinks" / "iceberg.md").read_text(encoding="utf-8")
     block = text.split("<!-- options:sinks.iceberg -->\n", 1)[1].split(docs.END_MARKER, 1)[0]
     assert block == docs.table(docs.sections()["sinks.iceberg"]), "regenerate with: python -m logrouter.config.docs sinks.iceberg"

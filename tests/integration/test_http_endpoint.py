@@ -8,7 +8,6 @@ import itertools
 import json
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -22,8 +21,8 @@ from logrouter.metrics import render_samples
 from logrouter.reload_queue import APPLIED, ReloadResult
 from logrouter.workers.http import WORKER_ANSWER_SECS, SupervisorPages
 from logrouter.workers.supervisor import RESTART_SECS, WorkerProcess
+from repo_paths import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 TOKEN = "s3cret-token-0123456789"
 
 

@@ -20,7 +20,7 @@ from twisted.internet import task
 from logrouter.failures import UnstorableBatch
 from logrouter.sources.logjam import LogjamSource
 from logrouter.wire import logjam as wire
-from tests.source_fakes import T0, FakeRouter, fake_context, log_lines  # noqa: F401 - log_lines is a fixture
+from source_fakes import T0, FakeRouter, fake_context, log_lines  # noqa: F401 - log_lines is a fixture
 
 pytestmark = pytest.mark.timeout(60)
 

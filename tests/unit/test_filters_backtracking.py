@@ -7,7 +7,7 @@ The pathological cases are bounded by ``faulthandler``'s watchdog, not pytest-ti
 match stuck in ``re``'s C loop holds the GIL and never returns to the interpreter, so
 neither a signal handler nor pytest-timeout's timer thread would ever run. The watchdog
 is a C thread: past the bound it prints every thread's stack and ends the test process.
-(``logrouter.regex`` itself: tests/test_regex.py.)
+(``logrouter.regex`` itself: tests/unit/test_regex.py.)
 """
 
 from __future__ import annotations

@@ -17,8 +17,9 @@ import tomllib
 
 import pytest
 
-from doc_snippets import DOCS, REPO, blocks
+from doc_snippets import blocks
 from logrouter.config.load import ConfigError, validate
+from repo_paths import DOCS, REPO
 
 #: The TLS files the snippets name -> the attribute of ``fixtures.pki.Pki`` that stands in.
 TLS_FILES = {

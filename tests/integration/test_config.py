@@ -9,6 +9,7 @@ import textwrap
 import pytest
 
 from logrouter.config.load import ConfigError, load_file, load_string
+from repo_paths import DOCS
 
 GOOD = """
 [spool]
@@ -303,9 +304,7 @@ def test_cross_key_problems_are_reported_with_the_per_key_ones():
 
 def test_the_docs_show_what_check_config_prints(tmp_path):
     """The refused-config example of docs/configuration.md is what `logrouter check-config` prints."""
-    from pathlib import Path
-
-    page = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text()
+    page = (DOCS / "configuration.md").read_text()
     start = page.index("```\nlogrouter: bad.toml: invalid config")
     shown = page[start + 4 : page.index("```", start + 4)]
     (tmp_path / "bad.toml").write_text(

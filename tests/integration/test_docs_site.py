@@ -13,11 +13,10 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from repo_paths import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.timeout(300)

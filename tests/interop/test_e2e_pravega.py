@@ -20,10 +20,11 @@ import pytest
 
 from daemon import Daemon
 from helpers import lake_column, wait_until
+from repo_paths import TESTS
 
 pytestmark = pytest.mark.timeout(300)
 
-WRITER = Path(__file__).resolve().parent / "pravega_writer.py"
+WRITER = TESTS / "pravega_writer.py"
 
 
 def free_port() -> int:

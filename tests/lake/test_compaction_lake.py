@@ -4,7 +4,7 @@ every two steps, on the local disk and on the fake HDFS.
 
 The swap tests stage "compacted" files with pyarrow (what the Spark job would have
 written): the swap and its recovery do not care who wrote the files, and this keeps
-Spark out of the many crash cases (tests/test_compaction_spark.py runs the real job).
+Spark out of the many crash cases (tests/lake/test_compaction_spark.py runs the real job).
 """
 
 from __future__ import annotations

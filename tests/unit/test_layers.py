@@ -15,8 +15,9 @@ from __future__ import annotations
 import ast
 import functools
 from pathlib import Path
+from repo_paths import REPO
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 
 #: Top first. A module belongs to the layer of the longest name here it is or lies under
 #: ("logrouter" itself is only the package's ``__init__``).

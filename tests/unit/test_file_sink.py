@@ -1,6 +1,6 @@
 """The file sink: JSON lines, rolling, and its commit protocol with a crash between steps.
 
-Like tests/test_parquet_sink_commit.py, the worker-thread code (``_recover``, ``_run``)
+Like tests/unit/test_parquet_sink_commit.py, the worker-thread code (``_recover``, ``_run``)
 is called directly with an injected clock: no threads, no sleeps.
 """
 

@@ -2,7 +2,7 @@
 (``tests/courier_client.py``): the real daemon on loopback, plain and TLS with a client
 certificate, and a kill -9 while the client keeps sending; every event lands in the lake
 exactly once. The real Log Courier shipper against the daemon is
-``tests/test_e2e_log_courier_shipper.py``."""
+``tests/interop/test_e2e_log_courier_shipper.py``."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from logrouter.sources.logjam import LogjamSource
 from logrouter.sources.zmq_receiver import ROUTER, Received
 from logrouter.spool.segment import MAX_PAYLOAD
 from logrouter.wire import logjam as wire
-from tests.source_fakes import T0, FakeRouter, fake_context
+from source_fakes import T0, FakeRouter, fake_context
 
 MIB = 1 << 20
 

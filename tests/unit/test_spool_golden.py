@@ -11,7 +11,7 @@ writing the same bytes for the same batch. Each ``<name>.record`` is one record'
 The files were made by the code of their day, never by the code under test. To add one
 for a new stored format, add its maker to ``MAKERS`` and run
 
-    LOGROUTER_WRITE_GOLDEN=1 python -m pytest tests/test_spool_golden.py
+    LOGROUTER_WRITE_GOLDEN=1 python -m pytest tests/unit/test_spool_golden.py
 
 which writes the files that are missing and never overwrites one.
 """
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import struct
-from pathlib import Path
 from typing import Any, Callable
 
 import msgpack
@@ -30,8 +29,9 @@ from logrouter import registry
 from logrouter.batch import Batch
 from logrouter.spool import formats
 from logrouter.spool.record import decode_batch, decode_deferred, decode_key, encode_batch
+from repo_paths import FIXTURES
 
-GOLDEN = Path(__file__).parent / "fixtures" / "spool_records"
+GOLDEN = FIXTURES / "spool_records"
 WRITE = os.environ.get("LOGROUTER_WRITE_GOLDEN") == "1"
 NS = 1_000_000_000
 T0 = 1_700_000_000

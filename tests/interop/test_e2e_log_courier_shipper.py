@@ -27,10 +27,11 @@ import pytest
 from daemon import Daemon
 from helpers import read_lake, wait_until
 from log_courier_shipper import LC_ADMIN, Shipper, ensure_built_with_reason
+from repo_paths import DOCS
 
 pytestmark = pytest.mark.timeout(600)  # the first test may build the shipper (480 s budget)
 
-DOC = Path(__file__).resolve().parent.parent / "docs" / "protocols" / "log_courier.md"
+DOC = DOCS / "protocols" / "log_courier.md"
 
 
 def config(listen: str = "tcp:0:interface=127.0.0.1", *, spool: str = "", sink: str = "", **source: object) -> str:
