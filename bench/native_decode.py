@@ -10,7 +10,7 @@ of ``--events`` events each (one row group):
   it, nothing is built), then schema and table straight from the bytes
   (``native_table.file_schema_of`` and ``build_table``).
 
-Both give the same table (tests/test_native_table.py). The two paths run in the same
+Both give the same table (tests/unit/test_native_table.py). The two paths run in the same
 process, alternating, ``--repeats`` times each; each run is timed in CPU seconds of
 the process (``time.process_time``) and printed per million events, and the ratio of
 each pair of neighbouring runs is given as median, min and max: on a loaded machine

@@ -1,7 +1,7 @@
 """The fenced code blocks of the docs pages, for the tests that check or run them.
 
 ``blocks(page, "toml")`` are a page's blocks of one language, in order
-(``tests/test_docs_snippets.py`` validates every TOML one). A block a test runs is named
+(``tests/unit/test_docs_snippets.py`` validates every TOML one). A block a test runs is named
 on the page by an HTML comment on the line before it, which the site does not show::
 
     <!-- snippet: beats-router -->

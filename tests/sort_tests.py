@@ -84,6 +84,8 @@ OVERRIDES: dict[str, tuple[str, str]] = {
     "test_e2e_workers_start_stop.py": ("integration", "fluent-logger is only its sender; it tests start and stop"),
     "test_systemd_socket.py": ("integration", "fluent-logger is only its sender; it tests socket activation"),
     "test_iceberg_e2e.py": ("lake", "the daemon's crash cycles into an Iceberg table"),
+    "test_iceberg_spark.py": ("lake", "Spark with the Iceberg runtime (tests/iceberg_spark.py)"),
+    "test_iceberg_lake_cli.py": ("lake", "pyiceberg tables, DuckDB, and test_iceberg_spark's helpers"),
 }
 
 

@@ -10,7 +10,7 @@ Python object per event. Otherwise — rows from another source, a record the
 extension leaves to Python, no extension — they are what ``schema.file_schema`` and
 ``convert.TableBuilder.build`` make of the decoded events, which is the reference:
 the native path gives the same schema, the same learned types and the same table
-(tests/test_native_table.py).
+(tests/unit/test_native_table.py).
 """
 
 from __future__ import annotations

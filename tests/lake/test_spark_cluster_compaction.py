@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 
 from hdfs_cluster import cluster_or_skip, in_child
+from repo_paths import REPO
 from logrouter.compaction.layout import is_compacted, list_partitions
 from logrouter.lake.dataset import lake_dataset
 from logrouter.lake.fs import filesystem_for
@@ -247,7 +248,7 @@ def test_iceberg_maintenance_on_the_standalone_cluster_of_a_table_on_hdfs(hdfs, 
     warehouse = hdfs.url("/iceberg/warehouse")
     files_before = in_child(iceberg_table_on_hdfs, str(tmp_path), warehouse, 6)
     assert files_before == 6 * 4
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent),
+    env = dict(os.environ, PYTHONPATH=str(REPO),
                LOGROUTER_ICEBERG_CATALOG=json.dumps(iceberg_catalog(str(tmp_path), warehouse)))
     done = subprocess.run(
         [sys.executable, "-m", "logrouter.jobs.iceberg_maintain", "--catalog-name", "lake_hdfs", "--table", "logs.events",

@@ -5,7 +5,7 @@ twice, ext values, invalid UTF-8), ``PackedEvents`` stands for exactly the event
 ``decode_entries`` gives, and the lake builds the same file schema, learns the same
 types and writes the same table (``_extra`` compared as JSON values) from the packed
 bytes as from the decoded events. What the extension does not take it hands back to
-Python, so every bad input fails the same way on both paths (tests/test_native_fuzz.py
+Python, so every bad input fails the same way on both paths (tests/unit/test_native_fuzz.py
 throws garbage at it). Skipped where the extension is not installed.
 """
 

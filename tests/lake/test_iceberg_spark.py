@@ -40,6 +40,7 @@ from pathlib import Path
 
 import pytest
 
+from repo_paths import REPO, TESTS
 from iceberg_spark import JARS_DIR, IcebergSpark, events, jars_or_skip, new_events_table, open_catalog, run_job, spark_or_skip, sqlite_catalog
 from logrouter.compaction.command import RESULT_PREFIX
 from logrouter.compaction.iceberg import CATALOG_ENV
@@ -138,10 +139,9 @@ def test_rewrite_while_a_writer_appends_loses_and_doubles_nothing(spark, tmp_pat
     fresh_orphan.write_bytes(b"PAR1 being written right now")
 
     stop_file = tmp_path / "stop"
-    tests_dir = str(Path(__file__).resolve().parent)
     writer = Writer(
-        [sys.executable, "-c", WRITER, tests_dir, name, json.dumps(properties), str(first_writer_id), str(stop_file)],
-        tmp_path, {**os.environ, "PYTHONPATH": str(Path(tests_dir).parent)},
+        [sys.executable, "-c", WRITER, str(TESTS), name, json.dumps(properties), str(first_writer_id), str(stop_file)],
+        tmp_path, {**os.environ, "PYTHONPATH": str(REPO)},
     )
     try:
         writer.wait_for("committed", 60)

@@ -1,7 +1,7 @@
 """The catalog settings other engines get (``logrouter.lake.iceberg_engines``) and the jar
 cache (``logrouter.compaction.jars``), without any engine.
 
-The Spark settings themselves are exercised by tests/test_iceberg_spark.py (its harness
+The Spark settings themselves are exercised by tests/lake/test_iceberg_spark.py (its harness
 registers catalogs with ``spark_catalog_conf``); here: the translation of each kind of
 catalog URL, PostgreSQL credentials, bare warehouse paths, Trino's HDFS switch, DuckDB's
 quoting, and a jar cache that needs no Maven once filled and says why it cannot fill.
