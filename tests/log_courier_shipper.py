@@ -24,8 +24,9 @@ it sent again so (``sent_again``).
 
 ``Shipper`` runs the binary as ``log-courier -config <file> -stdin``: it reads lines
 from its standard input and ships each as one event (``message`` = the line) to one
-server, over ``tcp`` or ``tls``. At stdin EOF it flushes its spool and waits until the
-server has acknowledged every event; then its pipeline stops (it logs ``FINISHED``), but
+server, over ``tcp`` or ``tls``. At stdin EOF it drops what is still in its spool (it
+does not flush: write lines more than ``spool_timeout`` before closing stdin) and waits
+until the server has acknowledged every event it sent; then its pipeline stops (it logs ``FINISHED``), but
 2.12.0 does not exit by itself: its main loop keeps waiting for a signal (nothing calls
 its ``App.Stop``). ``Shipper.wait`` therefore sends SIGTERM once ``FINISHED`` is logged,
 on which the shipper exits 0. Beware: after stdin EOF, a connection that fails (a router
