@@ -107,8 +107,6 @@ _TAG_U32X2 = struct.Struct(">HII")  # version and frame type as one number, seq,
 
 _UNBOUNDED = sys.maxsize
 
-_JSON_ERRORS = (ValueError, RecursionError)
-
 
 # -- the server-side decoder ---------------------------------------------------------------
 
@@ -363,7 +361,8 @@ class LumberjackDecoder:
         This is the per-event hot path, in two tight passes: the frames' documents cut
         out (one unpack, one slice each), then all of them decoded at once
         (``json_text.objects_or_none``). A document that is not an object msgspec reads
-        sends the run one by one, each document getting its own verdict.
+        sends the run one by one (``json_text.objects_or_reasons``), each document
+        getting its own verdict.
         """
         group = self._open_group()
         documents: list[bytes] = []
@@ -392,46 +391,23 @@ class LumberjackDecoder:
             group.records.extend(records)
             group.documents.extend(documents)
         else:
-            # Each document on its own, for its own verdict. Inline, not in a helper: JSON
-            # decoders count nesting against the recursion limit, and a frame more would
-            # change the verdict on a document nested near it.
-            fast_loads, fast_refused = json_text.fast_loads, json_text.FAST_REFUSED
             at = start
-            for document in documents:
-                try:
-                    record = fast_loads(document)
-                except fast_refused:
-                    try:
-                        record = json_text.standard_loads(document)
-                    except _JSON_ERRORS as e:
-                        record = e
-                except ValueError as e:  # msgspec's own verdict stands (UnicodeDecodeError), as in loads
-                    record = e
-                if record.__class__ is dict:
-                    group.records.append(record)
+            for document, verdict in zip(documents, json_text.objects_or_reasons(documents)):
+                if verdict.__class__ is dict:
+                    group.records.append(verdict)
                     group.documents.append(document)
                 else:
-                    self._invalid(group, record, unpack(buf, at)[1])
-                    # An exception kept in a local refers, through its traceback, to this
-                    # frame, which holds the inflated payload: a cycle only the collector
-                    # would free, and it runs every few seconds now (gc_tuning).
-                    record = None
+                    self._invalid(group, verdict, unpack(buf, at)[1])
                 at += 10 + len(document)
         self._frames_left -= frames
         self._close_run(group, frames, top)
         return pos
 
     @staticmethod
-    def _invalid(group: Events, problem: Any, seq: int) -> None:
+    def _invalid(group: Events, reason: str, seq: int) -> None:
         group.invalid += 1
         if group.invalid_reason is None:
-            if isinstance(problem, UnicodeDecodeError):
-                reason = "payload is not valid UTF-8"
-            elif isinstance(problem, BaseException):
-                reason = f"payload is not JSON: {problem}"
-            else:
-                reason = f"payload is a JSON {type(problem).__name__}, not an object"
-            group.invalid_reason = f"event seq {seq}: {reason}"
+            group.invalid_reason = f"event seq {seq}: payload is {reason}"
 
     def _data_frame(self, buf: bytes | bytearray, pos: int, end: int, depth: int) -> int:
         """Decode one v1 ``D`` frame; return its end, or ``-need`` when it is incomplete.
