@@ -66,8 +66,8 @@ from logrouter.config.options import Option, Problems, non_negative, positive
 from logrouter.sinks.base import SINK_OPTIONS
 from logrouter.sinks.forwarding import ForwardingSink, host_label
 from logrouter.sinks.lumberjack_json import encode_window
-from logrouter.wire import lumberjack as wire
 from logrouter.wire.errors import DecodeError
+from logrouter.wire.lumberjack_acks import AckDecoder
 
 DEFAULT_PORT = 5044  # Beats' default (docs/protocols/lumberjack.md section 1)
 INLINE_EVENTS = 64  # windows this small are encoded on the reactor thread (a thread hop costs more)
@@ -161,7 +161,7 @@ class LumberjackClient(protocol.Protocol):
     def __init__(self, sink: "LumberjackSink", address: str) -> None:
         self.sink = sink
         self.address = address
-        self.decoder = wire.AckDecoder()
+        self.decoder = AckDecoder()
 
     def dataReceived(self, data: bytes) -> None:
         bad = None

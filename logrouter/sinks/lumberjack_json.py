@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from logrouter.batch import Event
 from logrouter.lake.extra import jsonable
-from logrouter.wire import lumberjack as wire
+from logrouter.wire import lumberjack_frames as wire
 
 _J_HEADER = struct.Struct(">BBII")
 _V2 = wire.VERSION_BYTES[2]

@@ -30,6 +30,9 @@ FAST_REFUSED = (msgspec.DecodeError, RecursionError)
 fast_object_loads = msgspec.json.Decoder(dict).decode
 OBJECTS_REFUSED = (msgspec.DecodeError, RecursionError, ValueError)
 
+#: What ``loads`` raises for a document it cannot decode.
+JSON_ERRORS = (ValueError, RecursionError)
+
 
 def objects_or_none(documents: list[bytes]) -> list[dict[str, Any]] | None:
     """The object of every document, in one ``map`` (no call or type check per document
@@ -39,6 +42,43 @@ def objects_or_none(documents: list[bytes]) -> list[dict[str, Any]] | None:
         return list(map(fast_object_loads, documents))
     except OBJECTS_REFUSED:
         return None
+
+
+def objects_or_reasons(documents: list[bytes]) -> list[dict[str, Any] | str]:
+    """Each document's verdict alone, as ``loads`` gives it: its object, or, for a
+    document that is not a JSON object, why (``why_not_an_object``), in order. The slow
+    path of a run ``objects_or_none`` refused, for codecs that count such documents.
+
+    JSON decoders count nesting against the recursion limit, so the verdict on a document
+    nested within a few levels of it depends on how deep the caller's stack is. No error
+    is kept: a kept error's traceback would hold this frame and, through it, the
+    documents (a cycle only the collector frees)."""
+    verdicts: list[dict[str, Any] | str] = []
+    keep = verdicts.append
+    fast, fast_refused = fast_loads, FAST_REFUSED
+    for document in documents:
+        try:
+            value = fast(document)
+        except fast_refused:
+            try:
+                value = standard_loads(document)
+            except JSON_ERRORS as e:
+                keep(why_not_an_object(e))
+                continue
+        except ValueError as e:  # msgspec's own verdict stands (UnicodeDecodeError), as in loads
+            keep(why_not_an_object(e))
+            continue
+        keep(value if value.__class__ is dict else why_not_an_object(value))
+    return verdicts
+
+
+def why_not_an_object(problem: Any) -> str:
+    """Why a document is no event: what ``loads`` raised for it, or the value it gave."""
+    if isinstance(problem, UnicodeDecodeError):
+        return "not valid UTF-8"
+    if isinstance(problem, BaseException):
+        return f"not JSON: {problem}"
+    return f"a JSON {type(problem).__name__}, not an object"
 
 
 def standard_loads(data: bytes | bytearray | memoryview) -> Any:

@@ -23,8 +23,6 @@ from logrouter.wire.errors import DecodeError
 
 _U32 = struct.Struct(">I")
 
-_JSON_ERRORS = (ValueError, RecursionError)
-
 
 @dataclass(slots=True)
 class Payload:
@@ -50,7 +48,8 @@ def decode_records(content: bytes, kind: str, nonce: bytes, max_event_bytes: int
 
     The per-event hot path, in two tight passes: the records cut out (one unpack, one
     slice each), then all of them decoded at once (``json_text.objects_or_none``); a
-    record that is not an object msgspec reads sends the payload one by one.
+    record that is not an object msgspec reads sends the payload one by one
+    (``json_text.objects_or_reasons``).
     """
     payload = Payload(kind, nonce)
     raws: list[bytes] = []
@@ -76,39 +75,20 @@ def decode_records(content: bytes, kind: str, nonce: bytes, max_event_bytes: int
         payload.events = records
         payload.documents = raws
         return payload
-    # Each record on its own, for its own verdict. Inline, not in a helper: JSON decoders
-    # count nesting against the recursion limit, and a frame more would change the
-    # verdict on a record nested near it.
-    fast_loads, fast_refused = json_text.fast_loads, json_text.FAST_REFUSED
-    for raw in raws:
-        try:
-            record = fast_loads(raw)
-        except fast_refused:
-            try:
-                record = json_text.standard_loads(raw)
-            except _JSON_ERRORS as e:
-                record = e
-        except ValueError as e:  # msgspec's own verdict stands (UnicodeDecodeError), as in loads
-            record = e
-        if record.__class__ is dict:
-            payload.events.append(record)
+    for raw, verdict in zip(raws, json_text.objects_or_reasons(raws)):
+        if verdict.__class__ is dict:
+            payload.events.append(verdict)
             payload.documents.append(raw)
         else:
-            add_invalid(payload, record, raw)
-            record = None  # an exception's traceback would tie this frame (and the payload) to it
+            add_invalid(payload, verdict, raw)
     return payload
 
 
-def add_invalid(payload: Payload, problem: Any, raw: bytes) -> None:
-    """Keep a record that is not a JSON object as ``{"message": its text}`` and count it."""
+def add_invalid(payload: Payload, reason: str, raw: bytes) -> None:
+    """Keep a record that is not a JSON object (``reason`` says why) as
+    ``{"message": its text}`` and count it."""
     payload.invalid += 1
     if payload.invalid_reason is None:
-        if isinstance(problem, UnicodeDecodeError):
-            reason = "not valid UTF-8"
-        elif isinstance(problem, BaseException):
-            reason = f"not JSON: {problem}"
-        else:
-            reason = f"a JSON {type(problem).__name__}, not an object"
         payload.invalid_reason = f"event {len(payload.events) + 1}: {reason}"
     payload.events.append({"message": raw.decode("utf-8", "replace")})
 

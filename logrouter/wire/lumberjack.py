@@ -1,15 +1,18 @@
-"""Lumberjack (Beats) protocol codec, v1 and v2, pure Python with no Twisted imports.
+"""Lumberjack (Beats) protocol codec, v1 and v2: the server's decoder, pure Python with
+no Twisted imports.
 
-It owns the bytes a Beats/Lumberjack client sends and the acks a server answers with:
+``LumberjackDecoder`` is an incremental decoder for one client->server TCP stream. The
+connection's first byte picks the version (``'1'`` or ``'2'``); every later frame must
+carry the same one. It decodes ``W`` window frames, ``J`` JSON data frames, ``D``
+key/value data frames and ``C`` compressed frames (a zlib stream whose inflated bytes are
+themselves whole frames, possibly nested), tracks windows, and returns data frames
+grouped into ``Events`` together with the value to acknowledge them with.
 
-- ``LumberjackDecoder``: an incremental decoder for one client->server TCP stream. The
-  connection's first byte picks the version (``'1'`` or ``'2'``); every later frame must
-  carry the same one. It decodes ``W`` window frames, ``J`` JSON data frames, ``D``
-  key/value data frames and ``C`` compressed frames (a zlib stream whose inflated bytes
-  are themselves whole frames, possibly nested), tracks windows, and returns data frames
-  grouped into ``Events`` together with the value to acknowledge them with.
-- ``AckDecoder``: the client side's reader for ``A`` frames.
-- Encoders for ``A`` (server) and ``W``/``J``/``D``/``C`` (client) frames.
+The frames themselves (version bytes, frame types, ``Window`` and ``Events``, the
+encoders of ``W``/``J``/``D``/``C``) are ``lumberjack_frames``'; the ``A`` frames
+(``Ack``, ``encode_ack`` and the client side's reader ``AckDecoder``) are
+``lumberjack_acks``'. This module exports both modules' public names, so users import
+this one.
 
 Wire facts and the differences between real peers are in ``docs/protocols/lumberjack.md``;
 the section numbers in comments refer to it. Summary of what this codec decides:
@@ -43,17 +46,29 @@ the section numbers in comments refer to it. Summary of what this codec decides:
 
 from __future__ import annotations
 
-import json
 import struct
 import sys
-import zlib
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 from logrouter.wire import json_text
 from logrouter.wire.errors import DecodeError
 from logrouter.wire.inflate import InflateError, inflate
+from logrouter.wire.lumberjack_acks import Ack, AckDecoder, encode_ack
+from logrouter.wire.lumberjack_frames import (
+    CLIENT_FRAMES,
+    COMPRESSED,
+    DATA,
+    JSON,
+    VERSIONS,
+    WINDOW,
+    Events,
+    Window,
+    encode_compressed,
+    encode_data,
+    encode_json,
+    encode_window,
+    encode_window_frames,
+)
 
 __all__ = [
     "Ack",
@@ -86,78 +101,11 @@ DEFAULT_MAX_EVENT_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_DATA_FIELDS = 1024
 MAX_NESTING = 8  # C frames inside C frames; real clients never nest at all
 
-VERSION_BYTES = {1: 0x31, 2: 0x32}
-_VERSIONS = {0x31: 1, 0x32: 2}
-
-WINDOW = 0x57  # 'W'
-DATA = 0x44  # 'D'
-JSON = 0x4A  # 'J'
-COMPRESSED = 0x43  # 'C'
-ACK = 0x41  # 'A'
-_CLIENT_FRAMES = frozenset((WINDOW, DATA, JSON, COMPRESSED))
-
 _U32 = struct.Struct(">I")
 _U32X2 = struct.Struct(">II")
-_HEADER_U32 = struct.Struct(">BBI")
-_HEADER_U32X2 = struct.Struct(">BBII")
 _TAG_U32X2 = struct.Struct(">HII")  # version and frame type as one number, seq, length
 
 _UNBOUNDED = sys.maxsize
-
-_JSON_ERRORS = (ValueError, RecursionError)
-
-
-# -- results -----------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Window:
-    """A ``W`` frame: the client announces ``size`` events.
-
-    ``window`` is this window's serial number on the connection (1 for the first ``W``).
-    ``missing`` is how many announced events the previous window still lacked when this
-    one started (0 normally; Logstash logs a warning and treats the partial window as
-    complete, section 3).
-    """
-
-    version: int
-    size: int
-    window: int
-    missing: int = 0
-
-
-@dataclass(slots=True)
-class Events:
-    """Consecutive data frames of one window, decoded by one ``feed`` call.
-
-    ``records`` are the valid events in order (v2: the JSON objects; v1: dicts of str);
-    ``documents`` the JSON texts of the ``J`` ones, in the same order (the spool stores
-    those rather than encoding the records again), and ``documents_match`` says whether
-    they are every record's (no ``D`` frame's record among them).
-    ``ack_seq`` is the highest ``seq`` seen in this window up to and including these
-    frames: acknowledge with it once these and all earlier events are stored. ``frames``
-    counts the data frames (valid and invalid); ``invalid`` those whose payload was not a
-    JSON object, with the first reason in ``invalid_reason``. ``complete`` says whether
-    the window has now received at least its announced count. ``window`` is 0 for data
-    frames that arrived before any ``W``.
-    """
-
-    version: int
-    window: int
-    records: list[dict[str, Any]] = field(default_factory=list)
-    documents: list[bytes] = field(default_factory=list, compare=False, repr=False)
-    documents_match: bool = field(default=True, compare=False, repr=False)
-    ack_seq: int = 0
-    frames: int = 0
-    invalid: int = 0
-    invalid_reason: str | None = None
-    complete: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Ack:
-    version: int
-    seq: int
 
 
 # -- the server-side decoder ---------------------------------------------------------------
@@ -256,10 +204,10 @@ class LumberjackDecoder:
             if pos >= end:
                 return pos
             vbyte = buf[pos]
-            if vbyte not in _VERSIONS:
+            if vbyte not in VERSIONS:
                 raise DecodeError(f"invalid protocol version byte 0x{vbyte:02x} (expected '1' or '2')")
             self._vbyte = vbyte
-            self.version = _VERSIONS[vbyte]
+            self.version = VERSIONS[vbyte]
         need = 0
         while pos < end:
             if depth and self._frames_left <= 0:
@@ -275,7 +223,7 @@ class LumberjackDecoder:
                 if end - pos < 2:
                     need = pos + 2
                     break
-                if buf[pos + 1] not in _CLIENT_FRAMES:
+                if buf[pos + 1] not in CLIENT_FRAMES:
                     raise self._type_error(buf[pos + 1])
                 need = pos + 6
                 break
@@ -413,7 +361,8 @@ class LumberjackDecoder:
         This is the per-event hot path, in two tight passes: the frames' documents cut
         out (one unpack, one slice each), then all of them decoded at once
         (``json_text.objects_or_none``). A document that is not an object msgspec reads
-        sends the run one by one, each document getting its own verdict.
+        sends the run one by one (``json_text.objects_or_reasons``), each document
+        getting its own verdict.
         """
         group = self._open_group()
         documents: list[bytes] = []
@@ -442,46 +391,23 @@ class LumberjackDecoder:
             group.records.extend(records)
             group.documents.extend(documents)
         else:
-            # Each document on its own, for its own verdict. Inline, not in a helper: JSON
-            # decoders count nesting against the recursion limit, and a frame more would
-            # change the verdict on a document nested near it.
-            fast_loads, fast_refused = json_text.fast_loads, json_text.FAST_REFUSED
             at = start
-            for document in documents:
-                try:
-                    record = fast_loads(document)
-                except fast_refused:
-                    try:
-                        record = json_text.standard_loads(document)
-                    except _JSON_ERRORS as e:
-                        record = e
-                except ValueError as e:  # msgspec's own verdict stands (UnicodeDecodeError), as in loads
-                    record = e
-                if record.__class__ is dict:
-                    group.records.append(record)
+            for document, verdict in zip(documents, json_text.objects_or_reasons(documents)):
+                if verdict.__class__ is dict:
+                    group.records.append(verdict)
                     group.documents.append(document)
                 else:
-                    self._invalid(group, record, unpack(buf, at)[1])
-                    # An exception kept in a local refers, through its traceback, to this
-                    # frame, which holds the inflated payload: a cycle only the collector
-                    # would free, and it runs every few seconds now (gc_tuning).
-                    record = None
+                    self._invalid(group, verdict, unpack(buf, at)[1])
                 at += 10 + len(document)
         self._frames_left -= frames
         self._close_run(group, frames, top)
         return pos
 
     @staticmethod
-    def _invalid(group: Events, problem: Any, seq: int) -> None:
+    def _invalid(group: Events, reason: str, seq: int) -> None:
         group.invalid += 1
         if group.invalid_reason is None:
-            if isinstance(problem, UnicodeDecodeError):
-                reason = "payload is not valid UTF-8"
-            elif isinstance(problem, BaseException):
-                reason = f"payload is not JSON: {problem}"
-            else:
-                reason = f"payload is a JSON {type(problem).__name__}, not an object"
-            group.invalid_reason = f"event seq {seq}: {reason}"
+            group.invalid_reason = f"event seq {seq}: payload is {reason}"
 
     def _data_frame(self, buf: bytes | bytearray, pos: int, end: int, depth: int) -> int:
         """Decode one v1 ``D`` frame; return its end, or ``-need`` when it is incomplete.
@@ -566,109 +492,3 @@ class LumberjackDecoder:
             trailing = reason[: -len(" bytes after the end of the compressed stream")]
             return DecodeError(f"{trailing} bytes after the end of the zlib stream in a compressed frame")
         return DecodeError(f"compressed frame: {reason}")
-
-
-# -- the client-side ack reader ------------------------------------------------------------
-
-
-class AckDecoder:
-    """Reads the server->client half: ``A`` frames only (used by tests and clients).
-
-    A bad version or frame type is refused as soon as its byte arrives; the acks decoded
-    before it by the same ``feed`` call are in the error's ``messages``.
-    """
-
-    def __init__(self) -> None:
-        self._buffer = b""
-
-    @property
-    def pending_bytes(self) -> int:
-        """Bytes held of an ``A`` frame not complete yet (0 at a frame boundary)."""
-        return len(self._buffer)
-
-    def feed(self, data: bytes) -> list[Ack]:
-        buf = self._buffer + data if self._buffer else data
-        acks: list[Ack] = []
-        pos = 0
-        end = len(buf)
-        while pos < end:
-            vbyte = buf[pos]
-            if vbyte not in _VERSIONS:
-                raise self._error(f"invalid protocol version byte 0x{vbyte:02x} in an ack", acks)
-            if end - pos < 2:
-                break
-            kind = buf[pos + 1]
-            if kind != ACK:
-                raise self._error(f"expected an ACK frame, got frame type 0x{kind:02x}", acks)
-            if end - pos < 6:
-                break
-            acks.append(Ack(_VERSIONS[vbyte], _U32.unpack_from(buf, pos + 2)[0]))
-            pos += 6
-        self._buffer = bytes(buf[pos:])
-        return acks
-
-    def _error(self, reason: str, acks: list[Ack]) -> DecodeError:
-        self._buffer = b""
-        error = DecodeError(reason)
-        error.messages = acks
-        return error
-
-
-# -- encoders ------------------------------------------------------------------------------
-
-
-def _vbyte(version: int) -> int:
-    try:
-        return VERSION_BYTES[version]
-    except KeyError:
-        raise ValueError(f"version must be 1 or 2, got {version!r}") from None
-
-
-def encode_ack(seq: int, version: int = 2) -> bytes:
-    """The server's ``A`` frame; ``seq`` 0 is the keepalive (section 5)."""
-    return _HEADER_U32.pack(_vbyte(version), ACK, seq)
-
-
-def encode_window(size: int, version: int = 2) -> bytes:
-    return _HEADER_U32.pack(_vbyte(version), WINDOW, size)
-
-
-def encode_json(seq: int, document: Mapping[str, Any] | str | bytes, version: int = 2) -> bytes:
-    """A ``J`` frame; a mapping is serialised compactly, str/bytes are sent as they are."""
-    if isinstance(document, Mapping):
-        document = json.dumps(document, separators=(",", ":"), ensure_ascii=False)
-    if isinstance(document, str):
-        document = document.encode()
-    return _HEADER_U32X2.pack(_vbyte(version), JSON, seq, len(document)) + document
-
-
-def encode_data(seq: int, fields: Mapping[str, str], version: int = 1) -> bytes:
-    """A v1 ``D`` frame of key/value pairs (values are sent as their ``str``)."""
-    parts = [_HEADER_U32X2.pack(_vbyte(version), DATA, seq, len(fields))]
-    for key, value in fields.items():
-        k, v = str(key).encode(), str(value).encode()
-        parts += (_U32.pack(len(k)), k, _U32.pack(len(v)), v)
-    return b"".join(parts)
-
-
-def encode_compressed(frames: bytes, level: int = 3, version: int = 2) -> bytes:
-    """A ``C`` frame wrapping already encoded ``frames`` (Beats' default level is 3)."""
-    blob = zlib.compress(frames, level)
-    return _HEADER_U32.pack(_vbyte(version), COMPRESSED, len(blob)) + blob
-
-
-def encode_window_frames(
-    records: Iterable[Mapping[str, Any]],
-    version: int = 2,
-    compress_level: int | None = 3,
-    first_seq: int = 1,
-) -> bytes:
-    """One whole window as Beats sends it: ``W`` N, then N data frames numbered from
-    ``first_seq``, inside one ``C`` frame unless ``compress_level`` is None (or 0, which is
-    what Beats' ``compression_level: 0`` means)."""
-    encode = encode_json if version == 2 else encode_data
-    frames = [encode(first_seq + i, record, version) for i, record in enumerate(records)]
-    body = b"".join(frames)
-    if compress_level:
-        body = encode_compressed(body, compress_level, version)
-    return encode_window(len(frames), version) + body

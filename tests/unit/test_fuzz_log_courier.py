@@ -159,7 +159,7 @@ def test_a_payload_of_mixed_records_decodes_as_record_by_record(documents, kind,
             reference.events.append(record)
             reference.documents.append(document)
         else:
-            add_invalid(reference, record, document)
+            add_invalid(reference, json_text.why_not_an_object(record), document)
     for feeds in ([data], split_at(data, cuts)):
         decoder = lc.LogCourierDecoder()
         (payload,) = [m for feed in feeds for m in decoder.feed(feed)]

@@ -18,6 +18,7 @@ from fuzz_helpers import MAX_INPUT, cuts, decode_all_ways, fuzz_settings, mixed_
 from hypothesis import given
 from hypothesis import strategies as st
 
+from logrouter.wire import json_text
 from logrouter.wire import lumberjack as lj
 
 # Small limits so that examples reach every limit check; and the defaults.
@@ -196,8 +197,8 @@ def test_a_run_of_objects_is_decoded_in_one_call(monkeypatch):
     def per_document(document):
         raise AssertionError("decoded one by one")
 
-    monkeypatch.setattr(lj.json_text, "fast_loads", per_document)
-    monkeypatch.setattr(lj.json_text, "standard_loads", per_document)
+    monkeypatch.setattr(json_text, "fast_loads", per_document)
+    monkeypatch.setattr(json_text, "standard_loads", per_document)
     records = [{"n": i, "msg": "x" * i} for i in range(50)]
     for level in (None, 3):
         (_, events) = lj.LumberjackDecoder().feed(lj.encode_window_frames(records, 2, level))

@@ -11,7 +11,7 @@ from hypothesis import given
 import msgspec
 from hypothesis import strategies as st
 
-from logrouter.wire.json_text import fast_loads, fast_object_loads, loads, objects_or_none
+from logrouter.wire.json_text import fast_loads, fast_object_loads, loads, objects_or_none, objects_or_reasons
 
 values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**80), 2**80) | st.floats() | st.text(max_size=10),
@@ -117,3 +117,20 @@ def test_objects_or_none_is_none_when_any_document_is_not_an_object() -> None:
     assert objects_or_none([]) == []
     for odd in (b"[1]", b'{"a": NaN}', b"\xff", b"", b'{"a":1} x', b"[" * 5000 + b"]" * 5000):
         assert objects_or_none([b'{"a": 1}', odd]) is None, odd
+
+
+def test_objects_or_reasons_gives_each_document_the_verdict_loads_gives_it() -> None:
+    """The slow path of a run: an object for a document ``loads`` decodes to one, else why
+    not (the codecs put the reason in ``invalid_reason``), in order."""
+    documents = [b'{"a": 1}', b"[1]", b'"x"', b"\xff", b"{", b'{"a": NaN}', b'{"\\ud800": 2}', b"null",
+                 b"[" * 5000 + b"]" * 5000]
+    verdicts = objects_or_reasons(documents)
+    assert verdicts[0] == {"a": 1} and verdicts[6] == {"\ud800": 2}
+    assert math.isnan(verdicts[5]["a"])
+    assert verdicts[1] == "a JSON list, not an object"
+    assert verdicts[2] == "a JSON str, not an object"
+    assert verdicts[3] == "not valid UTF-8"
+    assert verdicts[4].startswith("not JSON: Expecting property name")
+    assert verdicts[7] == "a JSON NoneType, not an object"
+    assert verdicts[8].startswith("not JSON: maximum recursion depth exceeded")
+    assert objects_or_reasons([]) == []
