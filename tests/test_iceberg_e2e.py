@@ -108,15 +108,19 @@ def test_a_crash_or_a_lost_answer_at_a_commit_step_loses_and_doubles_nothing(tmp
     check_exactly_once(tmp_path, client.acked)
 
 
-CYCLE_ENDINGS = ("load", "start_kill", "load", "stop_kill", "load")
+# The parquet sink's cycles (test_crash_recovery.py): kills under load, a kill or a SIGTERM
+# while the daemon starts, a kill in the middle of a graceful stop.
+CYCLE_ENDINGS = ("load", "start_kill", "load", "start_term", "stop_kill", "load", "start_kill", "stop_kill")
 
 
 def test_kill_9_at_random_moments_under_load_loses_and_doubles_nothing(tmp_path):
     rng = random.Random(int(os.environ.get("LOGROUTER_CRASH_SEED", "20261127")))
     client = Client()
-    run_cycles(tmp_path, config(), CYCLE_ENDINGS, client, rng, delay=0.3)
+    kills = run_cycles(tmp_path, config(), CYCLE_ENDINGS, client, rng, delay=0.3)
     finish(tmp_path, config(), client)
-    print(f"{len(client.acked)} chunks acked, {client.resent} resent after a kill")
+    print(f"{kills} kills, {len(client.acked)} chunks acked, {client.resent} resent after a kill")
+    assert kills == len(CYCLE_ENDINGS)
+    assert len(client.acked) >= CYCLE_ENDINGS.count("load") * 3
     check_exactly_once(tmp_path, client.acked)
 
 
