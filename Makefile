@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 # One marker per install kind: what running needs (the runtime deps and the spark extra,
-# since the shipped config compacts with PySpark) and what the tests need on top.
+# for compaction and reading the lake from Spark) and what the tests need on top.
 INSTALLED_RUN := $(VENV)/.installed-run
 INSTALLED_TEST := $(VENV)/.installed-test
 NODE_DEPS := tests/interop/node_modules/.installed

@@ -17,13 +17,20 @@ configured from the same settings sees the same tables:
 
 Opening a catalog connects to its database (and creates the catalog's tables in an empty
 one): call ``open_catalog`` off the reactor thread.
+
+Several writers may open one new catalog at the same moment (the workers of a router, several
+routers). pyiceberg checks, then creates, both the catalog's own tables and a namespace's
+row, so two writers can both find nothing and both create; the database refuses the second.
+``open_catalog`` and ``ensure_namespace`` take that refusal as what it is, another writer's
+creation, and look again.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from typing import Any, Mapping
+import time
+from typing import Any, Callable, Mapping
 
 from logrouter.config.options import Problems
 
@@ -38,6 +45,7 @@ OWN_PROPERTIES = {"uri": "catalog_uri", "warehouse": "warehouse"}
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,127}")
 _IDENTIFIER_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_-]{0,127}")
 _URI_SCHEMES = ("sqlite", "postgresql")
+CREATION_ATTEMPTS = 3  # a creation race is lost once; a database that refuses again is broken
 
 
 def check_catalog_name(value: str) -> None:
@@ -140,7 +148,37 @@ def open_catalog(name: str, properties: Mapping[str, str]) -> Any:
     warehouse = properties.get("warehouse", "")
     if warehouse.startswith("file://"):
         os.makedirs(warehouse[len("file://"):], exist_ok=True)
-    return load_catalog(name, **properties)
+    return _after_a_lost_race(lambda: load_catalog(name, **properties))
+
+
+def ensure_namespace(catalog: Any, namespace: tuple[str, ...]) -> None:
+    """Create ``namespace`` unless it exists (blocking), whoever else creates it meanwhile."""
+
+    _after_a_lost_race(lambda: catalog.create_namespace_if_not_exists(namespace))
+
+
+def _after_a_lost_race(create: Callable[[], Any], sleep: Callable[[float], None] = time.sleep) -> Any:
+    """``create()``, again if the database refused it because another writer created the same
+    thing first (SQLite: "already exists", a UNIQUE constraint; PostgreSQL: a duplicate
+    table or key): the next attempt finds it and goes on. Any other error, or the same
+    refusal ``CREATION_ATTEMPTS`` times, is raised."""
+    from sqlalchemy.exc import IntegrityError, OperationalError, ProgrammingError  # noqa: PLC0415
+
+    for attempt in range(CREATION_ATTEMPTS):
+        try:
+            return create()
+        except (IntegrityError, OperationalError, ProgrammingError) as e:
+            if attempt == CREATION_ATTEMPTS - 1 or not _lost_a_creation_race(e):
+                raise
+            sleep(0.05 * (attempt + 1))
+    raise AssertionError("unreachable")
+
+
+def _lost_a_creation_race(error: Exception) -> bool:
+    from sqlalchemy.exc import IntegrityError  # noqa: PLC0415
+
+    text = str(getattr(error, "orig", error)).lower()
+    return isinstance(error, IntegrityError) or "already exists" in text or "duplicate" in text
 
 
 def close_catalog(catalog: Any) -> None:

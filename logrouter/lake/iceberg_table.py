@@ -30,6 +30,7 @@ import pyarrow as pa
 
 from logrouter.config.options import Problems
 from logrouter.lake.extra import valid_text
+from logrouter.lake.iceberg_catalog import ensure_namespace
 from logrouter.lake.partition import HOUR_NS
 from logrouter.lake.schema import BINARY, BOOL, EXTRA, FLOAT64, INT64, STRING, TIME, TIME_TYPE, ColumnTypes
 from logrouter.lake.writer import FileShape, SealedFile
@@ -149,7 +150,7 @@ def load_or_create(catalog: Any, identifier: tuple[str, ...], column_types: Colu
         return catalog.load_table(identifier), False
     except NoSuchTableError:
         pass
-    catalog.create_namespace_if_not_exists(identifier[:-1])
+    ensure_namespace(catalog, identifier[:-1])
     schema = new_schema(column_types)
     properties = {
         "format-version": FORMAT_VERSION,

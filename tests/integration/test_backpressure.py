@@ -1,8 +1,9 @@
 """Backpressure end to end: a failing sink fills the spool, sources pause, memory stays
 bounded; once the sink recovers everything stored is delivered, once.
 
-The sink is broken the way a full or broken disk breaks it: its staging directory is
-replaced by a plain file, so every attempt to open a Parquet file fails. It retries with
+The sink (``parquet`` or ``iceberg``) is broken the way a full or broken disk breaks it:
+its staging directory is replaced by a plain file, so every attempt to open a Parquet
+file fails. It retries with
 backoff; when the blocker is removed the next retry catches up from the spool.
 
 Bounds: CHUNKS chunks of EVENTS_PER_CHUNK events, every wait time-limited, loopback only.
@@ -15,9 +16,11 @@ import socket
 import threading
 
 import msgpack
+import pytest
 
 from daemon import Daemon
-from helpers import lake_column, rss_mib, wait_until
+from helpers import rss_mib, wait_until
+from lake_sinks import KINDS, column, with_sink
 from fixtures.forward_encode import encode_packed_forward
 
 CHUNKS = 120
@@ -79,11 +82,16 @@ class Sender(threading.Thread):
             self.error = e
 
 
-def test_stalled_sink_pauses_sources_then_everything_lands(tmp_path):
-    with Daemon(tmp_path, CONFIG) as daemon:
+def staging(tmp_path, sink: str):
+    return tmp_path / "lake" / ("_staging" if sink == "parquet" else "logs/events/_staging") / "bp"
+
+
+@pytest.mark.parametrize("sink", KINDS)
+def test_stalled_sink_pauses_sources_then_everything_lands(tmp_path, sink):
+    with Daemon(tmp_path, with_sink(CONFIG, sink)) as daemon:
         daemon.start()
-        blocker = tmp_path / "lake" / "_staging" / "bp"
-        blocker.parent.mkdir(parents=True)
+        blocker = staging(tmp_path, sink)
+        blocker.parent.mkdir(parents=True, exist_ok=True)
         blocker.write_text("not a directory: the sink cannot stage files")
 
         sender = Sender(daemon.port("forward"))
@@ -91,7 +99,7 @@ def test_stalled_sink_pauses_sources_then_everything_lands(tmp_path):
         wait_until(lambda: daemon.metrics().get("logrouter_sources_paused") == 1, 60, "sources to pause")
         daemon.wait_for(r"sources paused")
         stalled = daemon.metrics()
-        assert stalled['logrouter_sink_failures_total{sink="lake",type="parquet"}'] >= 1
+        assert stalled[f'logrouter_sink_failures_total{{sink="lake",type="{sink}"}}'] >= 1
         assert stalled["logrouter_spool_backlog_bytes"] > MAX_SPOOL_BYTES
         assert sender.acked < CHUNKS  # the sender is held back by the paused source
         # Memory stays bounded: what is not delivered waits on disk, not in the process.
@@ -111,7 +119,7 @@ def test_stalled_sink_pauses_sources_then_everything_lands(tmp_path):
         daemon.stop_gracefully()
         assert "sources resumed" in daemon.output
 
-    ids = lake_column(tmp_path / "lake", "id")
+    ids = column(sink, tmp_path / "lake", "id")
     counts = collections.Counter(ids)
     assert len(ids) == CHUNKS * EVENTS_PER_CHUNK
     assert max(counts.values()) == 1
@@ -126,17 +134,19 @@ roll_secs = 0.5
 """
 
 
-def test_one_failing_sink_does_not_stall_the_other(tmp_path):
-    with Daemon(tmp_path, TWO_SINKS) as daemon:
+@pytest.mark.parametrize("sink", KINDS)
+def test_one_failing_sink_does_not_stall_the_other(tmp_path, sink):
+    """The failing sink is a ``sink`` one, the healthy one a ``parquet`` sink."""
+    with Daemon(tmp_path, with_sink(TWO_SINKS, sink)) as daemon:
         daemon.start()
-        blocker = tmp_path / "lake" / "_staging" / "bp"
-        blocker.parent.mkdir(parents=True)
+        blocker = staging(tmp_path, sink)
+        blocker.parent.mkdir(parents=True, exist_ok=True)
         blocker.write_text("blocks the first sink")
         sender = Sender(daemon.port("forward"))
         sender.start()
         wait_until(lambda: daemon.metrics().get("logrouter_sources_paused") == 1, 60, "sources to pause")
         healthy = 'logrouter_sink_cursor_bytes{sink="healthy",type="parquet"}'
-        broken = 'logrouter_sink_cursor_bytes{sink="lake",type="parquet"}'
+        broken = f'logrouter_sink_cursor_bytes{{sink="lake",type="{sink}"}}'
         # The healthy sink commits what the spool holds (its files roll every 0.5 s).
         wait_until(lambda: daemon.metrics()[healthy] > MAX_SPOOL_BYTES * 0.5, 30, "the healthy sink to commit")
         stalled = daemon.metrics()
@@ -149,6 +159,6 @@ def test_one_failing_sink_does_not_stall_the_other(tmp_path):
         sender.join(120)
         assert sender.error is None and sender.acked == CHUNKS
         daemon.stop_gracefully()
-    for lake in ("lake", "lake2"):
-        ids = lake_column(tmp_path / lake, "id")
+    for lake, kind in (("lake", sink), ("lake2", "parquet")):
+        ids = column(kind, tmp_path / lake, "id")
         assert len(ids) == len(set(ids)) == CHUNKS * EVENTS_PER_CHUNK, lake

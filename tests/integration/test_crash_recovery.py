@@ -6,7 +6,8 @@ killed with SIGKILL at random moments (after a random number of acks plus a rand
 delay, so kills land during appends, fsyncs, Parquet writes and commits; at a random
 moment of its start-up replay; in the middle of a graceful stop) or stopped with
 SIGTERM while it starts, restarted, and at the end the lake must hold every
-acknowledged event exactly once.
+acknowledged event exactly once. The kill cycles of the ``iceberg`` sink are in
+``test_iceberg_e2e.py``; the other tests here run against both lake sinks.
 
 Bounds: len(CYCLE_ENDINGS) cycles, at most MAX_CHUNKS_PER_CYCLE chunks of EVENTS_PER_CHUNK
 events each per cycle, every wait time-limited; loopback only.
@@ -26,6 +27,7 @@ from chunk_client import EVENTS_PER_CHUNK, Client, chunk_message
 from crash_cycles import finish, run_cycles
 from daemon import Daemon
 from helpers import lake_column, recv_exactly
+from lake_sinks import KINDS, column, with_sink
 from logrouter.wire.fluent_forward import encode_ack
 
 MAX_CHUNKS_PER_CYCLE = 400
@@ -75,24 +77,26 @@ def test_kill_9_at_random_moments_loses_and_doubles_nothing(tmp_path):
     assert not list((tmp_path / "lake" / "_staging").rglob("*.parquet"))
 
 
-def test_retransmitted_chunk_is_acked_but_stored_once_across_a_restart(tmp_path):
+@pytest.mark.parametrize("sink", KINDS)
+def test_retransmitted_chunk_is_acked_but_stored_once_across_a_restart(tmp_path, sink):
     message, chunk_id = chunk_message(7)
     ack = encode_ack(chunk_id)
     for _ in range(2):
-        with Daemon(tmp_path, CONFIG) as daemon:
+        with Daemon(tmp_path, with_sink(CONFIG, sink)) as daemon:
             daemon.start()
             with socket.create_connection(("127.0.0.1", daemon.port("forward")), timeout=10) as sock:
                 for _ in range(3):  # the same chunk three times on one connection
                     sock.sendall(message)
                     assert recv_exactly(sock, len(ack)) == ack
             daemon.stop_gracefully()
-    assert sorted(lake_column(tmp_path / "lake", "id")) == sorted(f"7-{i}" for i in range(EVENTS_PER_CHUNK))
+    assert sorted(column(sink, tmp_path / "lake", "id")) == sorted(f"7-{i}" for i in range(EVENTS_PER_CHUNK))
 
 
+@pytest.mark.parametrize("sink", KINDS)
 @pytest.mark.parametrize("flip_at", ["header", "payload"])
-def test_corrupt_spool_record_is_quarantined_and_the_rest_replayed(tmp_path, flip_at):
+def test_corrupt_spool_record_is_quarantined_and_the_rest_replayed(tmp_path, flip_at, sink):
     """A record damaged on disk before a sink committed it: startup goes on, the rest lands."""
-    config = CONFIG.replace("roll_secs = 0.2", "roll_secs = 3600")
+    config = with_sink(CONFIG.replace("roll_secs = 0.2", "roll_secs = 3600"), sink)
     with Daemon(tmp_path, config) as daemon:
         daemon.start()
         with socket.create_connection(("127.0.0.1", daemon.port("forward")), timeout=10) as sock:
@@ -115,6 +119,6 @@ def test_corrupt_spool_record_is_quarantined_and_the_rest_replayed(tmp_path, fli
         daemon.start()
         daemon.wait_for(r"moved aside to .*quarantine")
         daemon.stop_gracefully()
-    ids = lake_column(tmp_path / "lake", "id")
+    ids = column(sink, tmp_path / "lake", "id")
     assert sorted(ids) == sorted(f"{c}-{i}" for c in (0, 2) for i in range(EVENTS_PER_CHUNK))
     assert len(list((tmp_path / "spool" / "quarantine").glob("*.bad"))) == 1

@@ -1,7 +1,7 @@
 """Reloading the config of the real daemon (SIGHUP and ``POST /reload``) while a client
 sends: unchanged sources keep their connections, changed ones stop gracefully, sinks
 come and go with their cursors, a bad config is refused and changes nothing, and every
-acked event is in the lake exactly once."""
+acked event is in the lake exactly once (with ``parquet`` sinks, and with ``iceberg`` ones)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ import pytest
 
 from chunk_client import Client, expected_ids
 from daemon import REPO, Daemon
-from helpers import lake_column, wait_until
+from helpers import wait_until
+from lake_sinks import KINDS, column, with_sink
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -48,7 +49,7 @@ roll_secs = {roll}
 """
 
 
-def config(port: int = 0, roll: float = 0.5, forward_extra: str = "", extra_sources: str = "", extra_sinks: str = "") -> str:
+def base_config(port: int = 0, roll: float = 0.5, forward_extra: str = "", extra_sources: str = "", extra_sinks: str = "") -> str:
     return BASE.format(port=port, roll=roll, forward_extra=forward_extra, extra_sources=extra_sources, extra_sinks=extra_sinks)
 
 
@@ -100,9 +101,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_reload_under_load_keeps_connections_and_loses_nothing(tmp_path) -> None:
+@pytest.mark.parametrize("sink", KINDS)
+def test_reload_under_load_keeps_connections_and_loses_nothing(tmp_path, sink) -> None:
     workdir = tmp_path
     port = free_port()
+
+    def config(*args, **kwargs) -> str:  # the lake, and the copy a reload adds, of one kind
+        text = with_sink(base_config(*args, **kwargs), sink)
+        return with_sink(text, sink, "copy") if "[sinks.copy]" in text else text
+
     with Daemon(workdir, config(port)) as daemon:
         daemon.start()
         assert daemon.port("forward") == port
@@ -162,9 +169,9 @@ def test_reload_under_load_keeps_connections_and_loses_nothing(tmp_path) -> None
             last.run(port, len(last.unacked), deadline, timeout=5)
         assert not last.unacked
         daemon.stop_gracefully()
-    ids = lake_column(workdir / "lake", "id")
+    ids = column(sink, workdir / "lake", "id")
     doubled = [i for i, c in collections.Counter(ids).items() if c > 1]
     assert not doubled, f"{len(doubled)} ids landed more than once, e.g. {doubled[:5]}"
     assert set(ids) == expected_ids(last.acked)
-    copied = lake_column(workdir / "copy", "id")
+    copied = column(sink, workdir / "copy", "id")
     assert copied and not [i for i, c in collections.Counter(copied).items() if c > 1]

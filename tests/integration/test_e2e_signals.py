@@ -10,6 +10,7 @@ import time
 import pytest
 
 from daemon import Daemon
+from lake_sinks import with_sink
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -29,10 +30,12 @@ path = "lake"
 
 
 @pytest.mark.parametrize(
-    "first, gap_secs", [(signal.SIGTERM, 0.0), (signal.SIGTERM, 0.02), (signal.SIGINT, 0.05)]
+    "first, gap_secs, sink",
+    [(signal.SIGTERM, 0.0, "parquet"), (signal.SIGTERM, 0.02, "parquet"), (signal.SIGINT, 0.05, "parquet"),
+     (signal.SIGINT, 0.05, "iceberg")],  # Ctrl-C on `make run`, whose lake is an iceberg table
 )
-def test_a_second_stop_signal_while_stopping_is_quiet(tmp_path, first: int, gap_secs: float) -> None:
-    with Daemon(tmp_path, CONFIG) as daemon:
+def test_a_second_stop_signal_while_stopping_is_quiet(tmp_path, first: int, gap_secs: float, sink: str) -> None:
+    with Daemon(tmp_path, with_sink(CONFIG, sink)) as daemon:
         daemon.start()
         # An open connection makes the stop drain for a while, so the second signal comes
         # while the first stop is still running.

@@ -26,6 +26,7 @@ import pytest
 from chunk_client import chunk_message, expected_ids
 from daemon import Daemon
 from helpers import lake_column, wait_until
+from lake_sinks import KINDS, column, with_sink
 from logrouter.workers.plan import worker_for
 
 pytestmark = pytest.mark.timeout(240)
@@ -163,8 +164,9 @@ def test_connections_are_spread_and_every_acked_event_lands_once(tmp_path: Path)
     assert (tmp_path / "spool" / "worker-1").is_dir()
 
 
-def test_a_killed_worker_is_started_again_and_resent_chunks_land_once(tmp_path: Path) -> None:
-    with Daemon(tmp_path, CONFIG.format(listen="tcp:0:interface=127.0.0.1")) as daemon:
+@pytest.mark.parametrize("sink", KINDS)
+def test_a_killed_worker_is_started_again_and_resent_chunks_land_once(tmp_path: Path, sink: str) -> None:
+    with Daemon(tmp_path, with_sink(CONFIG.format(listen="tcp:0:interface=127.0.0.1"), sink)) as daemon:
         daemon.start()
         port = daemon.port("forward")
         local = addresses_for(1, wanted=1)[0]
@@ -182,7 +184,7 @@ def test_a_killed_worker_is_started_again_and_resent_chunks_land_once(tmp_path: 
         with connect(port, local) as sock:
             send_acked(sock, [2, 3, 4])  # 2 was acked before: a duplicate the window catches
         daemon.stop_gracefully()
-    ids = lake_ids(tmp_path / "lake")
+    ids = column(sink, tmp_path / "lake", "id")
     assert len(ids) == len(set(ids)), "an event landed twice"
     assert set(ids) == expected_ids(range(5))
 
@@ -248,9 +250,10 @@ def test_a_supervisor_killed_with_9_takes_its_workers_with_it(tmp_path: Path) ->
         wait_until(gone, 30, "the workers to die with their supervisor")
 
 
-def test_a_spool_left_by_more_workers_is_drained(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sink", KINDS)
+def test_a_spool_left_by_more_workers_is_drained(tmp_path: Path, sink: str) -> None:
     """Going from 2 workers to 1: worker 1's spool still reaches the lake."""
-    with Daemon(tmp_path, CONFIG.format(listen="tcp:0:interface=127.0.0.1")) as daemon:
+    with Daemon(tmp_path, with_sink(CONFIG.format(listen="tcp:0:interface=127.0.0.1"), sink)) as daemon:
         daemon.start()
         port = daemon.port("forward")
         with connect(port, addresses_for(1, wanted=1)[0]) as sock:
@@ -260,11 +263,11 @@ def test_a_spool_left_by_more_workers_is_drained(tmp_path: Path) -> None:
         daemon.kill()
         wait_until(lambda: not any(os.path.exists(f"/proc/{p}") and _state(p) != "Z" for p in workers.values()), 30, "workers gone")
     config = CONFIG.format(listen="tcp:0:interface=127.0.0.1").replace("workers = 2", "workers = 1")
-    with Daemon(tmp_path, config) as daemon:
+    with Daemon(tmp_path, with_sink(config, sink)) as daemon:
         daemon.start()
         daemon.wait_for(r"worker spool\(s\) left by a router run with more workers", timeout=10)
         daemon.stop_gracefully()
-    assert sorted(lake_ids(tmp_path / "lake")) == sorted(expected_ids([0, 1]))
+    assert sorted(column(sink, tmp_path / "lake", "id")) == sorted(expected_ids([0, 1]))
 
 
 def _state(pid: int) -> str:

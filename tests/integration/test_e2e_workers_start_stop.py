@@ -9,9 +9,9 @@
   does not listen before they run), while a worker restarts (its connections are held
   for it), and in the listener's backlog at the stop.
 
-A worker's start is held where the test wants it by a FIFO in place of its parquet
-sink's state file: the sink's recovery blocks reading it (in a thread) until the test
-writes the state. Nothing sleeps; every wait is bounded.
+A worker's start is held where the test wants it by a FIFO in place of its lake
+sink's state file (``parquet`` or ``iceberg``): the sink's recovery blocks reading it (in
+a thread) until the test writes the state. Nothing sleeps; every wait is bounded.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from fluent import sender
 
 from daemon import Daemon
 from helpers import lake_column, wait_until
+from lake_sinks import KINDS, column, with_sink
 from logrouter.spool.lock import lock_spool
 from logrouter.workers.plan import worker_for
 
@@ -180,12 +181,13 @@ def test_a_worker_that_cannot_start_ends_the_supervisor_and_the_other_workers(tm
         os.close(held)
 
 
-def test_a_client_that_sends_while_the_workers_start_loses_nothing_at_a_stop(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sink", KINDS)
+def test_a_client_that_sends_while_the_workers_start_loses_nothing_at_a_stop(tmp_path: Path, sink: str) -> None:
     """The supervisor listened a second or more before its workers ran; a stop then
     reset the connections in its backlog with what they had sent (200 of 200 lost)."""
     port = free_port()
     hold = StateHold(tmp_path / "spool", worker=1)
-    with Daemon(tmp_path, config(port)) as daemon:
+    with Daemon(tmp_path, with_sink(config(port), sink)) as daemon:
         daemon.start(wait_for="")
         hold.wait_until_held()  # worker 1 is starting, and stays so
         client = sender.FluentSender("app", host="127.0.0.1", port=port, timeout=10)
@@ -197,7 +199,7 @@ def test_a_client_that_sends_while_the_workers_start_loses_nothing_at_a_stop(tmp
         hold.release()
         daemon.stop_gracefully()
         assert sent or isinstance(refused, ConnectionRefusedError), refused
-    landed = lake_numbers(tmp_path)
+    landed = sorted(column(sink, tmp_path / "lake", "n")) if sent else []
     assert sorted(landed) == sent, f"{len(set(sent) - set(landed))} of {len(sent)} sent events lost"
 
 

@@ -1,7 +1,7 @@
 """A stop that comes while the router is still starting never writes a row twice.
 
 The router reads its dedupe window back and its sinks replay the spool from their
-cursors before it listens. A SIGTERM in that window used to start the graceful stop
+cursors before it listens (both lake sinks: ``parquet`` and ``iceberg``). A SIGTERM in that window used to start the graceful stop
 alongside the start: sinks that had not yet read their commit record were fed the spool
 from position 0 and committed it again, so every acked event landed twice.
 """
@@ -18,7 +18,8 @@ from twisted.internet import defer
 
 from chunk_client import EVENTS_PER_CHUNK, chunk_message, expected_ids
 from daemon import Daemon
-from helpers import lake_column, recv_exactly, spin
+from helpers import recv_exactly, spin
+from lake_sinks import KINDS, column, with_sink
 from logrouter.config.load import load_string
 from logrouter.router import Router
 from logrouter.wire.fluent_forward import encode_ack
@@ -60,9 +61,10 @@ def send_chunks(port: int, chunks: range) -> None:
             assert recv_exactly(sock, len(ack)) == ack
 
 
+@pytest.mark.parametrize("sink", KINDS)
 @pytest.mark.parametrize("stop_at", ["loading_dedupe", "sinks_replaying"])
-def test_a_stop_during_start_writes_nothing_twice(tmp_path, stop_at, reactor):
-    config_text = CONFIG.format(root=tmp_path)
+def test_a_stop_during_start_writes_nothing_twice(tmp_path, stop_at, reactor, sink):
+    config_text = with_sink(CONFIG.format(root=tmp_path), sink)
     # Half the chunks committed to the lake by a graceful stop, half acked and then lost
     # to a kill, so a start has a spool to replay and a commit record to respect.
     with Daemon(tmp_path, config_text) as daemon:
@@ -97,7 +99,7 @@ def test_a_stop_during_start_writes_nothing_twice(tmp_path, stop_at, reactor):
     with Daemon(tmp_path, config_text) as daemon:
         daemon.start()
         daemon.stop_gracefully()
-    ids = lake_column(tmp_path / "lake", "id")
+    ids = column(sink, tmp_path / "lake", "id")
     doubled = [i for i, c in collections.Counter(ids).items() if c > 1]
     assert not doubled, f"{len(doubled)} ids landed more than once, e.g. {doubled[:5]}"
     assert set(ids) == expected_ids(range(CHUNKS))

@@ -13,10 +13,12 @@ import socket
 import time
 
 import msgpack
+import pytest
 from fluent import sender
 
 from daemon import Daemon
 from helpers import lake_column
+from lake_sinks import KINDS, column, with_sink
 
 ITERATIONS = 4
 EVENTS = 5000
@@ -57,17 +59,18 @@ def test_events_sent_without_acks_just_before_sigterm_are_kept(tmp_path):
         assert len(numbers) == EVENTS
 
 
-def test_events_of_a_connection_closed_just_before_sigterm_are_in_the_lake(tmp_path):
+@pytest.mark.parametrize("sink", KINDS)
+def test_events_of_a_connection_closed_just_before_sigterm_are_in_the_lake(tmp_path, sink):
     """The client sent and closed; the SIGTERM came while its batches were still on their
     way into the spool. The stop no longer waited for them (their connection was gone),
     so the sinks committed without them: they reached the lake only at the next start."""
-    with Daemon(tmp_path, CONFIG) as daemon:
+    with Daemon(tmp_path, with_sink(CONFIG, sink)) as daemon:
         daemon.start()
         port = daemon.port("forward")
         with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
             sock.sendall(b"".join(msgpack.packb(["app", int(time.time()), {"n": n}]) for n in range(EVENTS)))
         daemon.stop_gracefully(timeout=60)
-    numbers = lake_column(tmp_path / "lake", "n")
+    numbers = column(sink, tmp_path / "lake", "n")
     missing = sorted(set(range(EVENTS)) - set(numbers))
     assert not missing, f"{len(missing)} of {EVENTS} events not in the lake, first {missing[:5]}"
     assert len(numbers) == EVENTS

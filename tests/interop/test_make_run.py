@@ -1,6 +1,7 @@
 """``make run`` accepts every shipper: the shipped etc/logrouter.toml listens on loopback on
 each shipper's usual port (the table of docs/first-run.md), serves /metrics and /health on
-loopback, and one event sent with a client of each of the five protocols lands in the lake.
+loopback, and one event sent with a client of each of the five protocols lands in the lake,
+an Iceberg table read back with pyiceberg.
 
 The real daemon runs the shipped config with one change only: each listening port is
 replaced by "any free port" (``tcp:0``, ZeroMQ's ``*``) and the clients read the ports the
@@ -26,7 +27,8 @@ from fluent import sender
 
 from courier_client import CourierClient
 from daemon import REPO, Daemon
-from helpers import read_lake, scrape, wait_until
+from helpers import scrape, wait_until
+from lake_sinks import table
 from logrouter.config.load import load_file
 from logrouter.wire import logjam as logjam_wire
 
@@ -126,8 +128,14 @@ def test_one_event_from_each_protocol_lands_in_the_lake(tmp_path):
             assert response.status == 200 and json.loads(response.read())["status"] == "ok"
         daemon.stop_gracefully()  # commits every open file: no need to wait for roll_secs
 
-    rows = {row["tag"]: row for row in read_lake(tmp_path / "var" / "lake")}
+    # The table the shipped config names, read with pyiceberg through its SQLite catalog.
+    sink = load_file(str(SHIPPED)).sinks["lake"]
+    assert sink.type == "iceberg" and sink.options["warehouse"] == "var/warehouse" and sink.options["table"] == "logs.events"
+    events = table(tmp_path / "var" / "warehouse")
+    assert (tmp_path / "var" / "warehouse" / "catalog.db").is_file()
+    rows = {row["tag"]: row for row in events.scan().to_arrow().to_pylist()}
     assert sorted(rows) == ["app.logs", "beats", "log_courier", "logjam.shop.prod", "test.hello"], sorted(rows)
+    assert events.snapshots() and all(s.summary["logrouter.writer"] for s in events.snapshots())
     vias = {tag: row.get("via") for tag, row in rows.items() if tag != "app.logs"}
     assert vias == {"test.hello": "forward", "beats": "beats", "log_courier": "courier", "logjam.shop.prod": "logjam"}
     assert rows["app.logs"]["writer"] == "w" and rows["app.logs"]["seq"] == 0  # what pravega_writer.py writes

@@ -29,6 +29,7 @@ pytest.importorskip("pyiceberg")
 from chunk_client import T0, Client, expected_ids  # noqa: E402
 from crash_cycles import finish, run_cycles  # noqa: E402
 from daemon import REPO, Daemon  # noqa: E402
+from lake_sinks import column, with_sink  # noqa: E402
 from logrouter.lake.iceberg_catalog import open_catalog  # noqa: E402
 from fixtures.forward_encode import encode_packed_forward  # noqa: E402
 from logrouter.workers.plan import worker_for  # noqa: E402
@@ -108,15 +109,19 @@ def test_a_crash_or_a_lost_answer_at_a_commit_step_loses_and_doubles_nothing(tmp
     check_exactly_once(tmp_path, client.acked)
 
 
-CYCLE_ENDINGS = ("load", "start_kill", "load", "stop_kill", "load")
+# The parquet sink's cycles (test_crash_recovery.py): kills under load, a kill or a SIGTERM
+# while the daemon starts, a kill in the middle of a graceful stop.
+CYCLE_ENDINGS = ("load", "start_kill", "load", "start_term", "stop_kill", "load", "start_kill", "stop_kill")
 
 
 def test_kill_9_at_random_moments_under_load_loses_and_doubles_nothing(tmp_path):
     rng = random.Random(int(os.environ.get("LOGROUTER_CRASH_SEED", "20261127")))
     client = Client()
-    run_cycles(tmp_path, config(), CYCLE_ENDINGS, client, rng, delay=0.3)
+    kills = run_cycles(tmp_path, config(), CYCLE_ENDINGS, client, rng, delay=0.3)
     finish(tmp_path, config(), client)
-    print(f"{len(client.acked)} chunks acked, {client.resent} resent after a kill")
+    print(f"{kills} kills, {len(client.acked)} chunks acked, {client.resent} resent after a kill")
+    assert kills == len(CYCLE_ENDINGS)
+    assert len(client.acked) >= CYCLE_ENDINGS.count("load") * 3
     check_exactly_once(tmp_path, client.acked)
 
 
@@ -177,3 +182,34 @@ def test_a_schema_that_grows_mid_stream_is_read_back_with_every_column(tmp_path)
     assert rows["b1"]["status"] == 200 and rows["b1"]["http.method"] == "GET"
     assert rows["c1"]["n"] is None and rows["c1"]["_extra"] == '{"n":"not a number"}' and rows["c1"]["late"] is True
     assert rows["c1"]["tag"] == "web"
+
+
+PARQUET = """
+[spool]
+path = "spool"
+
+[sources.forward]
+type = "fluent_forward"
+listen = "tcp:0:interface=127.0.0.1"
+
+[sinks.lake]
+type = "parquet"
+inputs = ["forward"]
+path = "lake"
+"""
+
+
+def test_a_parquet_sink_turned_into_an_iceberg_sink_goes_on_from_its_cursor(tmp_path):
+    """What an older `make run` leaves (a parquet sink "lake" in var/lake, its state in the
+    spool) under the new default (an iceberg sink "lake" with another directory): the table
+    starts where the parquet sink stopped, and the old lake stays readable."""
+    with Daemon(tmp_path, PARQUET) as daemon:
+        daemon.start()
+        send_records(daemon.port("forward"), "app", [{"id": f"a{i}"} for i in range(20)], "c1")
+        daemon.stop_gracefully()
+    with Daemon(tmp_path, with_sink(PARQUET, "iceberg").replace('warehouse = "lake"', 'warehouse = "warehouse"')) as daemon:
+        daemon.start()
+        send_records(daemon.port("forward"), "app", [{"id": f"b{i}"} for i in range(30)], "c2")
+        daemon.stop_gracefully()
+    assert sorted(column("parquet", tmp_path / "lake", "id")) == sorted(f"a{i}" for i in range(20))
+    assert sorted(column("iceberg", tmp_path / "warehouse", "id")) == sorted(f"b{i}" for i in range(30))

@@ -14,6 +14,8 @@ from twisted.internet import task
 
 pytest.importorskip("pyiceberg")
 
+from source_fakes import log_lines  # noqa: E402, F401  (a fixture)
+
 from logrouter.batch import Batch  # noqa: E402
 from logrouter.lake import iceberg_commit  # noqa: E402
 from logrouter.lake.iceberg_catalog import open_catalog  # noqa: E402
@@ -299,3 +301,18 @@ def test_records_with_nothing_for_the_table_move_the_cursor_without_a_commit(tmp
     assert sink._run([tick(1.0, 500)])[1] == 500  # nothing open: the cursor follows the spool
     assert table(tmp_path).current_snapshot() is None
     assert make_sink(tmp_path)._recover() == 500
+
+
+def test_each_commit_adds_its_latency_to_commit_seconds_and_logs_it(tmp_path, log_lines):
+    sink = make_sink(tmp_path)
+    sink._recover()
+    ticks = iter([100.0, 100.25, 200.0, 200.5])
+    sink.clock = lambda: next(ticks)
+    sink._run([*record(0, range(0, 10))])  # files opened at 0.0
+    sink._run([tick(11.0, 100)])  # due at 10.0: a commit
+    sink._run([*record(100, range(10, 20)), stop(12.0, 200)])  # the stop commits what is open
+    assert sink.commits == 2 and sink.commit_seconds == 0.75
+    samples = {name: value for name, _, _, value in sink.samples()}
+    assert samples["logrouter_sink_commit_seconds_total"] == 0.75 and samples["logrouter_sink_commits_total"] == 2
+    committed = [line for line in log_lines if "iceberg sink lake committed" in line]
+    assert committed[0].endswith("in 0.250 s") and committed[1].endswith("in 0.500 s"), committed
