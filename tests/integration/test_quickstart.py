@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from daemon import REPO, Daemon
-from test_make_run import any_free_port
+from shipped_config import any_free_port
 
 SHIPPED = REPO / "etc" / "logrouter.toml"
 GETTING_STARTED = REPO / "docs" / "getting-started.md"

@@ -28,6 +28,7 @@ from fluent import sender
 from courier_client import CourierClient
 from daemon import REPO, Daemon
 from helpers import scrape, wait_until
+from shipped_config import PORTS, any_free_port
 from lake_sinks import table
 from logrouter.config.load import load_file
 from logrouter.wire import logjam as logjam_wire
@@ -36,16 +37,6 @@ SHIPPED = REPO / "etc" / "logrouter.toml"
 FIRST_RUN = REPO / "docs" / "first-run.md"
 
 # Every port the shipped config listens on, and what on: the table in docs/first-run.md says the same.
-PORTS = {
-    24224: "sources.forward",
-    5044: "sources.beats",
-    5043: "sources.courier",
-    9604: "sources.logjam (ROUTER)",
-    9605: "sources.logjam (PULL)",
-    9090: "sources.pravega (controller)",
-    12345: "sources.pravega (segment store)",
-    24229: "router.metrics_listen",
-}
 TCP_PORT = re.compile(r'"tcp:(\d+):interface=127\.0\.0\.1"')
 ZMQ_PORT = re.compile(r'"tcp://127\.0\.0\.1:(\d+)"')
 
@@ -65,19 +56,6 @@ def test_the_shipped_config_listens_on_each_shippers_port_on_loopback_only():
     documented = FIRST_RUN.read_text()
     for port in PORTS:
         assert re.search(rf"^\|[^|\n]*\|\s*`?{port}`?\s*\|", documented, re.M), f"{port} is not in the table of {FIRST_RUN.name}"
-
-
-def any_free_port(text: str) -> str:
-    """The shipped config with each listening port (the documented ones) replaced by any free one."""
-    replaced: list[int] = []
-
-    def any_port(m: re.Match) -> str:
-        replaced.append(int(m.group(1) or m.group(2)))
-        return '"tcp:0:interface=127.0.0.1"' if m.group(1) else '"tcp://127.0.0.1:*"'
-
-    changed = re.sub(r'"tcp:(\d+):interface=127\.0\.0\.1"|"tcp://127\.0\.0\.1:(\d+)"', any_port, text)
-    assert sorted(replaced) == sorted(PORTS)
-    return changed
 
 
 @pytest.mark.timeout(300)
