@@ -29,7 +29,7 @@ missing tool or library is not (it is cheap to check again).
 Knobs (environment):
 
 - ``LOGROUTER_FLUENT_BIT_BIN``: a prebuilt ``fluent-bit`` to use instead of building.
-- ``LOGROUTER_FLUENT_BIT_BUILD_TIMEOUT``: seconds for the whole build (default 900).
+- ``LOGROUTER_FLUENT_BIT_BUILD_TIMEOUT``: seconds for the whole build (default 600).
 - ``LOGROUTER_FLUENT_BIT_JOBS``: parallel compile jobs (default: the number of CPUs).
 
 ``FluentBit`` runs the binary with a classic-mode config file, its log read line by line
@@ -65,7 +65,7 @@ VERSION = "1.8.15"  # the Fluent Bit inside that package
 BIN_ENV = "LOGROUTER_FLUENT_BIT_BIN"
 TIMEOUT_ENV = "LOGROUTER_FLUENT_BIT_BUILD_TIMEOUT"
 JOBS_ENV = "LOGROUTER_FLUENT_BIT_JOBS"
-DEFAULT_TIMEOUT = 900.0
+DEFAULT_TIMEOUT = 600.0
 SOURCE_DIR = "package/src/fluent-bit/"
 
 #: The plugins kept; every other ``FLB_IN_*``/``FLB_OUT_*``/``FLB_FILTER_*`` option is off.
