@@ -41,6 +41,7 @@ run: $(INSTALLED_RUN)
 
 test: $(INSTALLED_TEST) $(NODE_DEPS)
 	@command -v java >/dev/null 2>&1 || echo "NOTE: java not found; Spark tests will be skipped. Install Java 17: apt-get install openjdk-17-jre-headless"
+	@$(PY) tests/fluent_bit.py --check || true
 	$(PY) -m pytest -q
 
 # The docs site (mkdocs + Material, from the test extras) on http://127.0.0.1:8000, rebuilt on

@@ -34,7 +34,8 @@ Knobs (environment):
 
 ``FluentBit`` runs the binary with a classic-mode config file, its log read line by line
 by a thread so that a test waits on a line (with a time bound), and stops it (SIGTERM,
-then SIGKILL at the bound). Run as a script (``python tests/fluent_bit.py``) to build.
+then SIGKILL at the bound). Run as a script (``python tests/fluent_bit.py``) to build;
+``--check`` only says what is missing to build (``make test`` runs it).
 """
 
 from __future__ import annotations
@@ -309,7 +310,20 @@ class FluentBit:
             self.process.wait(30)
 
 
+def check() -> int:
+    """``--check`` (``make test``): say, without building, when the tests will skip."""
+    if os.environ.get(BIN_ENV) or BINARY.is_file():
+        return 0
+    unmet = missing_prerequisites()
+    if unmet:
+        print(f"NOTE: Fluent Bit {VERSION} cannot be built, its tests will be skipped: {unmet}")
+        return 1
+    return 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--check"]:
+        sys.exit(check())
     t0 = time.monotonic()
     path, why = ensure_built_with_reason()
     print(f"{why} [{time.monotonic() - t0:.1f}s]")
