@@ -55,6 +55,7 @@ run: $(INSTALLED_RUN) $(INSTALLED_NATIVE)
 # Every kind: tests/unit, integration, interop and lake (docs/testing.md).
 test: $(INSTALLED_TEST) $(INSTALLED_NATIVE) $(NODE_DEPS)
 	@command -v java >/dev/null 2>&1 || echo "NOTE: java not found; Spark tests will be skipped. Install Java 17: apt-get install openjdk-17-jre-headless"
+	@$(PY) tests/fluent_bit.py --check || true
 	$(PY) -m pytest -q
 
 # The fast loop: tests/unit alone (no daemon, process, socket or sleep), each fuzz target
