@@ -46,6 +46,7 @@ KIND_OF_IMPORT = {
     "logstash_async": "interop",
     "pravega": "interop",
     "filebeat": "interop",
+    "fluent_bit": "interop",
     "log_courier_shipper": "interop",
     "logjam_forwarder": "interop",
     "log_carver": "interop",

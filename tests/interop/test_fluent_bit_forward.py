@@ -33,11 +33,12 @@ import pytest
 from daemon import Daemon
 from fluent_bit import VERSION, FluentBit, ensure_built_with_reason, free_port
 from helpers import lake_column, wait_until
+from repo_paths import DOCS
 from logrouter.lake.dataset import lake_dataset
 
 pytestmark = pytest.mark.timeout(900)  # the first test may build Fluent Bit (600 s budget)
 
-GUIDE = Path(__file__).resolve().parent.parent / "docs" / "guides" / "fluent-bit.md"
+GUIDE = DOCS / "guides" / "fluent-bit.md"
 BLOCK = re.compile(r"^```(toml|ini)\n(.*?)^```", re.M | re.S)
 VARIANTS = {"plain": None, "tls": "With TLS", "shared-key": "With a shared key and users"}
 HEADER = """
