@@ -16,6 +16,13 @@ carry none of these keys) are passed over. That snapshot is the truth about what
 table holds, whatever the sink's own state file says; the sink resumes after its
 ``spool-end``.
 
+``expire_snapshots`` may take the writer's last append out of the history (a router down
+for longer than the retention while others commit). So the same transaction as every
+append also sets the table property ``logrouter.writer.<writer id>.position`` to the
+same spool id and range: table properties outlive snapshots, and the property changes
+exactly when such an append lands. ``last_commit`` reads it when the walk finds no
+append of the writer.
+
 ``append`` commits data files with these properties. pyiceberg retries a commit that lost
 a race to another writer by itself (``commit.retry.*`` table properties); a conflict that
 outlasts those retries is retried here, after checking the table, so it is never lost
@@ -24,6 +31,7 @@ and never doubled.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -32,6 +40,7 @@ WRITER = "logrouter.writer"
 SPOOL_ID = "logrouter.spool-id"
 SPOOL_START = "logrouter.spool-start"
 SPOOL_END = "logrouter.spool-end"
+POSITION_PROPERTY = "logrouter.writer.{writer}.position"  # a table property per writer
 
 COMMIT_ATTEMPTS = 5  # each one pyiceberg's own retries, then a wait
 _MAX_WALK = 1_000_000  # snapshots: bounded even for a corrupt parent chain
@@ -39,9 +48,10 @@ _MAX_WALK = 1_000_000  # snapshots: bounded even for a corrupt parent chain
 
 @dataclass(frozen=True)
 class Committed:
-    """A writer's newest append in the table."""
+    """A writer's newest append in the table (``snapshot_id`` None: known from the table
+    property only, its snapshot expired)."""
 
-    snapshot_id: int
+    snapshot_id: int | None
     spool_id: str
     start: int
     end: int
@@ -51,13 +61,24 @@ def summary(writer_id: str, spool_id: str, start: int, end: int) -> dict[str, st
     return {WRITER: writer_id, SPOOL_ID: spool_id, SPOOL_START: str(start), SPOOL_END: str(end)}
 
 
+def position_property(writer_id: str) -> str:
+    return POSITION_PROPERTY.format(writer=writer_id)
+
+
+def position_value(properties: dict[str, str]) -> str:
+    """The table property's value for an append carrying ``properties`` (``summary``'s)."""
+    return json.dumps({SPOOL_ID: properties[SPOOL_ID], SPOOL_START: int(properties[SPOOL_START]),
+                       SPOOL_END: int(properties[SPOOL_END])}, sort_keys=True)
+
+
 def last_commit(table: Any, writer_id: str) -> Committed | None:
-    """The newest snapshot of the main branch committed by ``writer_id``, if any."""
+    """The newest snapshot of the main branch committed by ``writer_id``; if the history
+    has none (expired), what the writer's table property says; None if neither."""
     metadata = table.metadata
     snapshot = table.current_snapshot()
     for _ in range(_MAX_WALK):
         if snapshot is None:
-            return None
+            break
         found = snapshot.summary[WRITER] if snapshot.summary is not None else None
         if found == writer_id:
             s = snapshot.summary
@@ -67,7 +88,17 @@ def last_commit(table: Any, writer_id: str) -> Committed | None:
                 return None  # not ours after all (a hand-made snapshot): nothing to resume from
         parent = snapshot.parent_snapshot_id
         snapshot = metadata.snapshot_by_id(parent) if parent is not None else None
-    return None
+    return _from_property(metadata.properties.get(position_property(writer_id)))
+
+
+def _from_property(text: str | None) -> Committed | None:
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+        return Committed(None, str(value[SPOOL_ID]), int(value[SPOOL_START]), int(value[SPOOL_END]))
+    except (ValueError, KeyError, TypeError):
+        return None  # not ours (set by hand): nothing to resume from
 
 
 def append(
@@ -78,7 +109,8 @@ def append(
     sleep: Callable[[float], None] = time.sleep,
     on_conflict: Callable[[int, Exception], None] | None = None,
 ) -> None:
-    """Commit ``data_files`` as one append carrying ``properties``.
+    """Commit ``data_files`` as one append carrying ``properties`` in its summary, and
+    the writer's position in the table's properties.
 
     A ``CommitFailedException`` (the catalog refused the commit: it did not land) is
     retried up to ``attempts`` times, after checking that the append is not in the table
@@ -91,6 +123,8 @@ def append(
     for attempt in range(attempts):
         try:
             with table.transaction() as transaction:
+                # In the same transaction as the files: the property changes if and only if they land.
+                transaction.set_properties({position_property(properties[WRITER]): position_value(properties)})
                 with transaction.update_snapshot(snapshot_properties=properties).fast_append() as files:
                     for data_file in data_files:
                         files.append_data_file(data_file)

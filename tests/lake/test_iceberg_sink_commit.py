@@ -316,3 +316,42 @@ def test_each_commit_adds_its_latency_to_commit_seconds_and_logs_it(tmp_path, lo
     assert samples["logrouter_sink_commit_seconds_total"] == 0.75 and samples["logrouter_sink_commits_total"] == 2
     committed = [line for line in log_lines if "iceberg sink lake committed" in line]
     assert committed[0].endswith("in 0.250 s") and committed[1].endswith("in 0.500 s"), committed
+
+
+def test_a_commit_whose_snapshot_expired_before_the_restart_is_still_known(tmp_path, monkeypatch):
+    """Crash after the append landed but before the cursor was saved; while the router is
+    down, other writers commit and ``expire_snapshots`` removes every snapshot but the
+    newest, this writer's append among them. The restart must neither delete the files
+    the table references nor append the records again."""
+    sink = make_sink(tmp_path)
+    sink._recover()
+    sink._run([*record(0, range(0, 10))])
+    sink._run([tick(11.0, 100)])
+    real_save = sink._save_state
+
+    def crash_on_the_cursor(cursor, pending=None):
+        if cursor == 200 and pending is None:
+            raise Crash()
+        real_save(cursor, pending)
+
+    monkeypatch.setattr(sink, "_save_state", crash_on_the_cursor)
+    sink._run([*record(100, range(10, 20))])
+    with pytest.raises(Crash):
+        sink._run([tick(22.0, 200)])
+    monkeypatch.undo()
+    assert sink.state.load()["pending"]["end"] == 200  # the intent is still there
+    other = make_sink(tmp_path, writer="w2", spool="spool2")
+    other._recover()
+    other._run([*record(0, range(100, 105)), stop(1.0, 100)])
+    other._run([*record(100, range(105, 110)), stop(2.0, 200)])
+    t = table(tmp_path)
+    newest = t.current_snapshot().snapshot_id
+    t.maintenance.expire_snapshots().by_ids([s.snapshot_id for s in t.snapshots() if s.snapshot_id != newest]).commit()
+    t.refresh()
+    assert [s.summary["logrouter.writer"] for s in t.snapshots()] == ["w2"]  # w1's appends are out of the history
+
+    again = make_sink(tmp_path)
+    assert again._recover() == 200  # the table still says how far w1 got
+    assert table_ids(tmp_path) == [*range(20), *range(100, 110)]  # its files were kept
+    again._run([*record(100, range(10, 20)), *record(200, range(20, 25)), stop(30.0, 300)])
+    assert table_ids(tmp_path) == [*range(25), *range(100, 110)]  # and not appended twice
