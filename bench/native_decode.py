@@ -10,6 +10,12 @@ of ``--events`` events each (one row group):
   it, nothing is built), then schema and table straight from the bytes
   (``native_table.file_schema_of`` and ``build_table``).
 
+With ``--stage arrival`` it times instead what the reactor does with those messages as
+they arrive, up to the batch the source hands on: ``ForwardDecoder.feed`` of each framed
+PackedForward message (framing, then the events: decoded in Python, or checked and
+kept packed by the extension, ``forward_lazy.kept_or_decoded``). The same messages
+decode to the same events both ways (tests/integration/test_native_lake.py, the fuzz tests).
+
 Both give the same table (tests/unit/test_native_table.py). The two paths run in the same
 process, alternating, ``--repeats`` times each; each run is timed in CPU seconds of
 the process (``time.process_time``) and printed per million events, and the ratio of
@@ -21,6 +27,7 @@ sender would forward them.
 
     .venv/bin/python bench/native_decode.py --shape flat --repeats 7
     .venv/bin/python bench/native_decode.py --shape filebeat --repeats 7
+    .venv/bin/python bench/native_decode.py --stage arrival --shape flat
 """
 
 from __future__ import annotations
@@ -41,8 +48,9 @@ from logrouter.lake.convert import TableBuilder  # noqa: E402
 from logrouter.lake.native_table import PendingRows, build_table, file_schema_of  # noqa: E402
 from logrouter.lake.schema import ColumnTypes, file_schema  # noqa: E402
 from logrouter.native import NATIVE, describe  # noqa: E402
-from logrouter.wire.fluent_forward import decode_entries  # noqa: E402
-from logrouter.wire.forward_lazy import lazy_events  # noqa: E402
+from logrouter.wire import forward_lazy  # noqa: E402
+from logrouter.wire.fluent_forward import ForwardDecoder, decode_entries  # noqa: E402
+from logrouter.wire.forward_lazy import PackedEvents, lazy_events  # noqa: E402
 
 T0 = 1_764_000_000
 
@@ -84,7 +92,7 @@ def blobs(shape: str, count: int, events: int) -> list[bytes]:
     return out
 
 
-def python_path(entries: list[bytes]) -> int:
+def lake_python(entries: list[bytes]) -> int:
     events = []
     for blob in entries:
         events += decode_entries(blob, None)[0]
@@ -94,13 +102,26 @@ def python_path(entries: list[bytes]) -> int:
     return TableBuilder(schema, types).build(events, inferred).num_rows
 
 
-def native_path(entries: list[bytes]) -> int:
+def lake_native(entries: list[bytes]) -> int:
     pending = PendingRows()
     for blob in entries:
         pending.extend(lazy_events(blob, None))
     types = ColumnTypes()
     schema = file_schema_of(types, pending, {})
     return build_table(TableBuilder(schema, types), pending).num_rows
+
+
+def arrival(messages: list[bytes], native: bool) -> int:
+    """What the reactor does with the framed messages, as the source's decoder does it
+    (a message under ``offload_bytes``): the events of each, packed or decoded."""
+    forward_lazy.NATIVE = NATIVE if native else None  # what LOGROUTER_NATIVE=0 does at import
+    decoder = ForwardDecoder()
+    count = 0
+    for data in messages:
+        for message in decoder.feed(data):
+            assert (type(message.events) is PackedEvents) is native
+            count += len(message.events)
+    return count
 
 
 def timed(path, entries: list[bytes], rounds: int) -> float:
@@ -115,6 +136,8 @@ def timed(path, entries: list[bytes], rounds: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--stage", choices=("lake", "arrival"), default="lake",
+                        help="lake: entries into a row group; arrival: framed messages into events")
     parser.add_argument("--shape", choices=("flat", "filebeat"), default="flat")
     parser.add_argument("--blobs", type=int, default=10, help="PackedForward messages per row group")
     parser.add_argument("--events", type=int, default=1000, help="events per message")
@@ -124,10 +147,16 @@ def main() -> None:
     if NATIVE is None:
         sys.exit(f"the native extension is not here: {describe()}")
     entries = blobs(args.shape, args.blobs, args.events)
-    assert python_path(entries) == native_path(entries) == args.blobs * args.events
     size = sum(map(len, entries)) / (args.blobs * args.events)
-    print(f"{args.shape}: {args.blobs} x {args.events} events per row group, {size:.0f} bytes of msgpack per event; "
-          f"{args.rounds} row groups per run, {args.repeats} runs of each path, alternating")
+    if args.stage == "arrival":
+        entries = [msgpack.packb(["app", blob, {"chunk": "c%d" % i}], use_bin_type=True) for i, blob in enumerate(entries)]
+        python_path = lambda messages: arrival(messages, False)  # noqa: E731
+        native_path = lambda messages: arrival(messages, True)  # noqa: E731
+    else:
+        python_path, native_path = lake_python, lake_native
+    assert python_path(entries) == native_path(entries) == args.blobs * args.events
+    print(f"{args.stage}, {args.shape}: {args.blobs} x {args.events} events per round, {size:.0f} bytes of msgpack "
+          f"per event; {args.rounds} rounds per run, {args.repeats} runs of each path, alternating")
     results: dict[str, list[float]] = {"python": [], "native": []}
     ratios = []
     for repeat in range(args.repeats):

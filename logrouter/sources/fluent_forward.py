@@ -177,14 +177,12 @@ class ForwardProtocol(StreamProtocol):
             return
         on_durable = None if chunk is None else (lambda: self.ack(chunk))
         # packed: the entries as received, which the spool stores instead of encoding the
-        # events, and from which the lake builds its columns (wire.forward_lazy)
-        events = message.events
+        # events. The codec already kept the events themselves packed where the native
+        # extension takes them (wire.forward_lazy), for the lake to build its columns from.
         packed = message.packed
         if packed is not None:
-            if type(events) is list:  # (not when the codec kept them packed already)
-                events = lazy_events(*packed) or events
             packed = (FORWARD_ENTRIES, *packed)
-        self.submit(Batch(message.tag, events, packed=packed), on_durable, chunk)
+        self.submit(Batch(message.tag, message.events, packed=packed), on_durable, chunk)
 
     def ack(self, chunk: bytes | None) -> None:
         if chunk is not None:

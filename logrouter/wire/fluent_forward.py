@@ -51,6 +51,7 @@ from logrouter.wire.forward_entries import (
     str_keyed,
 )
 from logrouter.wire.forward_framing import JsonFramer, MsgpackFramer, parse_json
+from logrouter.wire.forward_lazy import kept_or_decoded
 from logrouter.wire.forward_messages import HEARTBEAT, DeferredMessage, EventMessage, Heartbeat
 from logrouter.wire.forward_offload import blob_parts, list_parts
 from logrouter.wire.forward_packed import DECOMPRESS_STEP_BYTES, decode_entries, inflated_pieces, packed_events
@@ -249,7 +250,7 @@ class ForwardDecoder:
 
         if type(blob) is not bytes:
             blob = bytes(blob)
-        events, invalid = packed_events(blob, now_ns)
+        events, invalid = kept_or_decoded(blob, now_ns, packed_events)
         packed = (blob, now_used[0] if now_used else None)
         return EventMessage(tag, events, chunk, options, invalid, size, packed)
 

@@ -176,6 +176,40 @@ def test_the_codec_hook_keeps_what_the_extension_takes() -> None:
     assert type(events) is list and events == decode_entries(unusual, T0 + 5)[0]
 
 
+def test_the_codec_keeps_packed_forward_events_packed(monkeypatch) -> None:
+    """``ForwardDecoder`` hands a PackedForward message's events on packed from arrival,
+    fed whole or byte by byte, plain or gzip; without the extension, the same events."""
+    import gzip
+
+    from logrouter.wire import forward_lazy
+    from logrouter.wire.fluent_forward import ForwardDecoder
+
+    readings = []
+
+    def clock() -> int:
+        readings.append(T0 + 5)
+        return T0 + 5
+
+    entries = entries_of([(0, {"a": 1}), (T0, {"a": 2})])  # a time-0 entry: "now", read once
+    expected = [(T0 + 5, {"a": 1}), (T0, {"a": 2})]
+    plain = msgpack.packb(["t", entries, {"chunk": "c1"}], use_bin_type=True)
+    zipped = msgpack.packb(["t", gzip.compress(entries), {"compressed": "gzip"}], use_bin_type=True)
+    found = []
+    for data in (plain, zipped):
+        for pieces in ([data], [data[i : i + 1] for i in range(len(data))]):
+            readings.clear()
+            decoder = ForwardDecoder(now_ns=clock)
+            (message,) = [m for piece in pieces for m in decoder.feed(piece)]
+            assert isinstance(message.events, PackedEvents), message.events
+            assert message.events == expected and message.invalid == 0 and readings == [T0 + 5]
+            assert message.packed == (entries, T0 + 5)
+            found.append(message)
+    monkeypatch.setattr(forward_lazy, "NATIVE", None)
+    for data, kept in ((plain, found[0]), (zipped, found[2])):
+        (message,) = ForwardDecoder(now_ns=clock).feed(data)
+        assert type(message.events) is list and message == kept and message.packed == kept.packed
+
+
 def test_which_path_runs_is_said_and_can_be_turned_off() -> None:
     import subprocess
     import sys
