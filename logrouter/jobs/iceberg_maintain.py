@@ -199,10 +199,15 @@ def table_files(spark: Any, catalog: str, table: str) -> tuple[int, int, int]:
     return int(row["files"]), int(row["bytes"]), int(row["rows"])
 
 
-def snapshot_summaries(spark: Any, catalog: str, table: str) -> dict[int, tuple[str, dict[str, str]]]:
-    """Every snapshot of the table: its operation and summary, by id."""
-    rows = spark.sql(f"SELECT snapshot_id, operation, summary FROM {catalog}.{table}.snapshots").collect()
-    return {int(row["snapshot_id"]): (str(row["operation"]), dict(row["summary"] or {})) for row in rows}
+def rewrite_summaries(spark: Any, catalog: str, table: str, since: float) -> list[dict[str, str]]:
+    """The summaries of the data rewrites (``replace`` snapshots with data files in them:
+    ``rewrite_manifests`` commits a ``replace`` too) committed since ``since`` (epoch
+    seconds; the commits are this process's, stamped by this host's clock)."""
+    rows = spark.sql(
+        f"SELECT summary FROM {catalog}.{table}.snapshots "
+        f"WHERE operation = 'replace' AND committed_at >= {_timestamp(since)}"
+    ).collect()
+    return [summary for summary in (dict(row["summary"] or {}) for row in rows) if "deleted-data-files" in summary]
 
 
 def rewrite_totals(summaries: list[dict[str, str]]) -> dict[str, int]:
@@ -241,11 +246,10 @@ def maintain(spark: Any, catalog: str, args: argparse.Namespace, now: float) -> 
     table = args.table
     result: dict[str, Any] = {"table": f"{catalog}.{table}", "partition": table}
     before = table_files(spark, catalog, table)
-    known = set(snapshot_summaries(spark, catalog, table))
     rewrites: list[dict[str, str]] = []
     failed = []
     for procedure in args.procedure or PROCEDURES:
-        step_started = time.monotonic()
+        step_started, step_wall = time.monotonic(), time.time()
         try:
             answer, retries = run_procedure(spark, procedure_sql(procedure, catalog, table, args, now))
         except Exception as error:  # noqa: BLE001 - reported; the other procedures still run
@@ -253,8 +257,7 @@ def maintain(spark: Any, catalog: str, args: argparse.Namespace, now: float) -> 
             failed.append(f"{procedure}: {describe(error)}")
             answer = None
         if procedure == "rewrite_data_files":  # its commits, before expire_snapshots may drop them
-            rewrites = [summary for snapshot, (operation, summary) in snapshot_summaries(spark, catalog, table).items()
-                        if snapshot not in known and operation == "replace"]
+            rewrites = rewrite_summaries(spark, catalog, table, step_wall)
         if answer is None:
             continue
         answer["seconds"] = round(time.monotonic() - step_started, 3)

@@ -169,9 +169,9 @@ def test_rewrite_while_a_writer_appends_loses_and_doubles_nothing(spark, tmp_pat
     assert rewrite["rewritten_data_files_count"] + rewrite["failed_data_files_count"] >= files_before
     assert rewrite["rewritten_data_files_count"] >= files_before // 2
     assert rewrite["added_data_files_count"] <= 8
-    # the round's numbers: the files it began with, those files as the rewrite left them
-    # (the writer's appends meanwhile apart), the rows the rewrite moved
-    assert result["files_before"] == files_before and result["files_appended"] >= 1
+    # the round's numbers: the files it began with (the writer's too), those files as the
+    # rewrite left them (the writer's appends meanwhile apart), the rows the rewrite moved
+    assert result["files_before"] >= files_before and result["files_appended"] >= 1
     if "retries" not in rewrite:  # else the commits of an attempt that lost count too
         assert result["files_after"] == (files_before - rewrite["rewritten_data_files_count"]
                                          + rewrite["added_data_files_count"])

@@ -33,7 +33,7 @@ class Row(dict):
 
 
 class FakeSpark:
-    """The table: 40 files, 4000 B, 1000 rows; a rewrite commit, an append meanwhile."""
+    """The table: 40 files, 4000 B, 1000 rows; a rewrite commit, 2 files appended meanwhile."""
 
     def __init__(self) -> None:
         self.rewritten = False
@@ -46,12 +46,8 @@ class FakeSpark:
             if self.rewritten:
                 return [Row(files=10, bytes=3600, rows=1040)]
             return [Row(files=40, bytes=4000, rows=1000)]
-        if statement.endswith(".snapshots"):
-            snapshots = [Row(snapshot_id=1, operation="append", summary={"added-data-files": "40"})]
-            if self.rewritten:
-                snapshots += [Row(snapshot_id=2, operation="append", summary={"added-data-files": "2"}),
-                              Row(snapshot_id=3, operation="replace", summary=REWRITE)]
-            return snapshots
+        if ".snapshots WHERE operation = 'replace'" in statement:  # the rewrite's commits (and rewrite_manifests')
+            return [Row(summary=REWRITE), Row(summary={"manifests-created": "1"})] if self.rewritten else []
         if "rewrite_data_files" in statement:
             self.rewritten = True
             return [Row(rewritten_data_files_count=36, added_data_files_count=4, rewritten_bytes_count=3600,
