@@ -11,6 +11,7 @@ executors run Spark SQL only and need no logrouter code).
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import logrouter
@@ -22,6 +23,27 @@ JOB_MODULE = "logrouter.jobs.compact"
 
 #: The line prefix of the job's per-partition result (JSON follows) on its stdout.
 RESULT_PREFIX = "compaction-result "
+
+
+@dataclass(frozen=True)
+class JobCounts:
+    """The numbers of a ``compacted`` result that the scheduler counts, one meaning for
+    both jobs: data files and bytes before and after (a parquet partition's; an Iceberg
+    table's, its files as the rewrite left them), the rows compacted (a partition's rows;
+    the rows an Iceberg rewrite moved), and ``files_appended``: Iceberg only, data files
+    others appended while the job ran, in no counter (they are not compaction's doing)."""
+
+    files_before: int = 0
+    files_after: int = 0
+    rows: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+    files_appended: int = 0
+
+    @classmethod
+    def of(cls, result: Mapping[str, Any]) -> "JobCounts":
+        """From the job's result; a number it lacks (or sends as null) is 0."""
+        return cls(**{name: int(result.get(name) or 0) for name in cls.__dataclass_fields__})
 
 
 def conf_value(value: Any) -> str:

@@ -5,6 +5,10 @@ so tests can hand the scheduler a fake. The real runner uses
 ``reactor.spawnProcess``; the child first calls ``setsid()`` (through a one-line Python
 shim that then ``exec``s the command, keeping its pid), so the job, spark-submit, the
 JVM and everything they start share one process group that ``signal_group`` reaches.
+The shim also makes the job die with the daemon (``logrouter.parent_death``): a daemon
+killed with ``kill -9`` leaves no job behind. The job's own children follow it: pyspark's
+JVM exits when its stdin, a pipe from the job, closes; spark-submit ``exec``s its JVM,
+which is then the job itself, and the Python driver it starts loses its gateway.
 """
 
 from __future__ import annotations
@@ -16,8 +20,8 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from twisted.internet import defer, error, protocol
 
-#: Runs ``argv[1:]`` as the leader of a new session (and process group).
-SETSID_SHIM = "import os, sys; os.setsid(); os.execvp(sys.argv[1], sys.argv[1:])"
+from logrouter.parent_death import JOB_SHIM
+
 
 
 @dataclass(frozen=True)
@@ -108,7 +112,8 @@ class _SpawnedJob:
 
 
 class TwistedProcessRunner:
-    """Spawns jobs with ``reactor.spawnProcess``, each leading its own process group."""
+    """Spawns jobs with ``reactor.spawnProcess``, each leading its own process group and
+    dying with this process."""
 
     def __init__(self, reactor: Any, python: str = sys.executable) -> None:
         self.reactor = reactor
@@ -118,7 +123,7 @@ class TwistedProcessRunner:
         self, argv: Sequence[str], env: Mapping[str, str], cwd: str | None, on_line: Callable[[str, str], None]
     ) -> RunningJob:
         job_protocol = _JobProtocol(on_line)
-        args = [self.python, "-c", SETSID_SHIM, *argv]
+        args = [self.python, "-c", JOB_SHIM, str(os.getpid()), *argv]
         transport = self.reactor.spawnProcess(job_protocol, self.python, args, env=dict(env), path=cwd, childFDs={0: "w", 1: "r", 2: "r"})
         transport.closeStdin()
         return _SpawnedJob(transport, job_protocol)

@@ -31,7 +31,7 @@ from twisted.internet import defer, task, threads
 from twisted.logger import Logger
 
 from logrouter.compaction import lease as leases
-from logrouter.compaction.command import RESULT_PREFIX, job_command, job_env
+from logrouter.compaction.command import RESULT_PREFIX, JobCounts, job_command, job_env
 from logrouter.compaction.iceberg import IcebergTable, iceberg_command, iceberg_env
 from logrouter.compaction.layout import Candidate, plan_lake
 from logrouter.compaction.runner import JobExit, ProcessRunner, RunningJob, TwistedProcessRunner
@@ -303,19 +303,21 @@ class CompactionService(service.Service):
     def _succeeded(self, where: str, key: str, result: dict[str, Any], elapsed: float) -> None:
         status = result["status"]
         if status == "compacted":
+            counts = JobCounts.of(result)
             self.partitions_compacted += 1
-            self.files_before += int(result.get("files_before", 0))
-            self.files_after += int(result.get("files_after", 0))
-            self.rows_compacted += int(result.get("rows", 0))
-            self.bytes_before += int(result.get("bytes_before", 0))
-            self.bytes_after += int(result.get("bytes_after", 0))
+            self.files_before += counts.files_before
+            self.files_after += counts.files_after
+            self.rows_compacted += counts.rows
+            self.bytes_before += counts.bytes_before
+            self.bytes_after += counts.bytes_after
             self.last_success = self.reactor.seconds()
             self.log.info(
                 "compaction of {lake} {key}: {before} files ({bytes_before} B) -> {after} ({bytes_after} B), "
-                "{rows} rows, {secs:.1f}s",
-                lake=where, key=key, before=result.get("files_before"), after=result.get("files_after"),
-                bytes_before=result.get("bytes_before"), bytes_after=result.get("bytes_after"),
-                rows=result.get("rows"), secs=elapsed,
+                "{rows} rows{appended}, {secs:.1f}s",
+                lake=where, key=key, before=counts.files_before, after=counts.files_after,
+                bytes_before=counts.bytes_before, bytes_after=counts.bytes_after, rows=counts.rows,
+                appended=f" ({counts.files_appended} files appended meanwhile)" if counts.files_appended else "",
+                secs=elapsed,
             )
         else:
             if status == "busy":

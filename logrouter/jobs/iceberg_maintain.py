@@ -34,8 +34,10 @@ only deleted entries (a rewrite leaves one), so a ``rewrite_manifests`` that cou
 such a manifest finds it gone; planned again, it succeeds. Nothing is lost either way:
 a failed commit changed nothing.
 
-Prints one ``compaction-result {json}`` line (``status``: compacted, skipped or failed)
-and exits 0, or 1 if a procedure failed (the others still ran).
+Prints one ``compaction-result {json}`` line (``status``: compacted, skipped or failed;
+the numbers the scheduler counts, see ``round_counts``: the table's data files before,
+the same files after the rewrite (appends during the job apart, in ``files_appended``),
+the rows the rewrite moved) and exits 0, or 1 if a procedure failed (the others still ran).
 """
 
 from __future__ import annotations
@@ -73,6 +75,11 @@ RETRIED_REWRITE = "Cannot commit rewrite because of a ValidationException or Com
 #: rewrite_data_files commits in up to this many smaller commits: under appends every few
 #: seconds a smaller commit is likelier to win, and a group that loses does not undo the others.
 PARTIAL_PROGRESS_COMMITS = 10
+#: The numbers of a rewrite, by the snapshot summary keys Iceberg commits them under.
+REWRITE_SUMMARY = {
+    "files_rewritten": "deleted-data-files", "files_written": "added-data-files", "rows": "deleted-records",
+    "bytes_rewritten": "removed-files-size", "bytes_written": "added-files-size",
+}
 
 DEFAULT_CONF = {
     "spark.ui.enabled": "false",
@@ -192,31 +199,75 @@ def table_files(spark: Any, catalog: str, table: str) -> tuple[int, int, int]:
     return int(row["files"]), int(row["bytes"]), int(row["rows"])
 
 
+def rewrite_summaries(spark: Any, catalog: str, table: str, since: float) -> list[dict[str, str]]:
+    """The summaries of the data rewrites (``replace`` snapshots with data files in them:
+    ``rewrite_manifests`` commits a ``replace`` too) committed since ``since`` (epoch
+    seconds; the commits are this process's, stamped by this host's clock)."""
+    rows = spark.sql(
+        f"SELECT summary FROM {catalog}.{table}.snapshots "
+        f"WHERE operation = 'replace' AND committed_at >= {_timestamp(since)}"
+    ).collect()
+    return [summary for summary in (dict(row["summary"] or {}) for row in rows) if "deleted-data-files" in summary]
+
+
+def rewrite_totals(summaries: list[dict[str, str]]) -> dict[str, int]:
+    """What the rewrite's commits (``replace`` snapshots) did, from their summaries: data
+    files and bytes it replaced and wrote, rows it moved. Counted from the commits, not
+    from the procedure's answer: a commit of an attempt that lost a later race stays."""
+    totals = dict.fromkeys(REWRITE_SUMMARY, 0)
+    for summary in summaries:
+        for name, key in REWRITE_SUMMARY.items():
+            totals[name] += int(summary.get(key, 0) or 0)
+    return totals
+
+
+def round_counts(before: tuple[int, int, int], end: tuple[int, int, int], totals: dict[str, int]) -> dict[str, int]:
+    """A round's numbers, as the scheduler reads them (``files_before`` … ``rows``).
+
+    ``files_before``/``bytes_before``: the table's data files when the round began;
+    ``files_after``/``bytes_after``: those files as the rewrite left them (before, minus
+    the files it replaced, plus the files it wrote); ``rows``: the rows the rewrite moved
+    into new files; ``table_rows``: the table's rows when the round began. Files others
+    appended while the job ran are not in ``files_after``: ``files_appended`` says how
+    many (the table's data files at the end minus ``files_after``)."""
+    files_before, bytes_before, table_rows = before
+    files_after = files_before - totals["files_rewritten"] + totals["files_written"]
+    bytes_after = bytes_before - totals["bytes_rewritten"] + totals["bytes_written"]
+    return {
+        "files_before": files_before, "bytes_before": bytes_before,
+        "files_after": files_after, "bytes_after": bytes_after,
+        "rows": totals["rows"], "table_rows": table_rows,
+        "files_appended": max(end[0] - files_after, 0),
+    }
+
+
 def maintain(spark: Any, catalog: str, args: argparse.Namespace, now: float) -> dict[str, Any]:
     started = time.monotonic()
     table = args.table
     result: dict[str, Any] = {"table": f"{catalog}.{table}", "partition": table}
-    files_before, bytes_before, _ = table_files(spark, catalog, table)
-    result.update(files_before=files_before, bytes_before=bytes_before)
+    before = table_files(spark, catalog, table)
+    rewrites: list[dict[str, str]] = []
     failed = []
     for procedure in args.procedure or PROCEDURES:
-        step_started = time.monotonic()
+        step_started, step_wall = time.monotonic(), time.time()
         try:
             answer, retries = run_procedure(spark, procedure_sql(procedure, catalog, table, args, now))
         except Exception as error:  # noqa: BLE001 - reported; the other procedures still run
             traceback.print_exc(file=sys.stderr)
             failed.append(f"{procedure}: {describe(error)}")
+            answer = None
+        if procedure == "rewrite_data_files":  # its commits, before expire_snapshots may drop them
+            rewrites = rewrite_summaries(spark, catalog, table, step_wall)
+        if answer is None:
             continue
         answer["seconds"] = round(time.monotonic() - step_started, 3)
         if retries:
             answer["retries"] = retries
         result[procedure] = answer
-    files_after, bytes_after, rows_after = table_files(spark, catalog, table)
-    rewritten = int(result.get("rewrite_data_files", {}).get("rewritten_data_files_count", 0))
-    result.update(
-        files_after=files_after, bytes_after=bytes_after, table_rows=rows_after,
-        seconds=round(time.monotonic() - started, 3),
-    )
+    totals = rewrite_totals(rewrites)
+    result.update(round_counts(before, table_files(spark, catalog, table), totals))
+    result["seconds"] = round(time.monotonic() - started, 3)
+    rewritten = totals["files_rewritten"]
     if failed:
         result.update(status="failed", error="; ".join(failed))
     elif rewritten:

@@ -33,6 +33,7 @@ from twisted.logger import FileLogObserver, Logger, formatEvent, globalLogBeginn
 
 from logrouter.config.load import Config, ConfigError, load_string
 from logrouter.failures import EXIT_FAILURE
+from logrouter.parent_death import die_with_parent
 from logrouter.service import RouterService
 from logrouter.workers.channel import MAX_FDS, MAX_MESSAGE, Channel, PassedConnections
 from logrouter.workers.plan import worker_config
@@ -40,20 +41,6 @@ from logrouter.workers.plan import worker_config
 STOPPING_ANSWER_SECS = 5.0
 TAKEN_RETRY_SECS = 0.1  # a "taken" report the channel refused (its buffer full) is sent again
 START_MESSAGE_SECS = 60.0  # the supervisor sends it right after the fork
-
-
-def die_with_parent(parent: int) -> None:
-    """Ask the kernel to SIGKILL this process when the supervisor dies, and exit at once
-    if that already happened (between the fork and now)."""
-    import ctypes
-
-    pr_set_pdeathsig = 1
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass  # not Linux: a dead supervisor's closed channel stops the worker instead
-    if os.getppid() != parent:
-        os._exit(EXIT_FAILURE)
 
 
 def bind_to_cpu(cpu: int) -> None:

@@ -169,6 +169,13 @@ def test_rewrite_while_a_writer_appends_loses_and_doubles_nothing(spark, tmp_pat
     assert rewrite["rewritten_data_files_count"] + rewrite["failed_data_files_count"] >= files_before
     assert rewrite["rewritten_data_files_count"] >= files_before // 2
     assert rewrite["added_data_files_count"] <= 8
+    # the round's numbers: the files it began with (the writer's too), those files as the
+    # rewrite left them (the writer's appends meanwhile apart), the rows the rewrite moved
+    assert result["files_before"] >= files_before and result["files_appended"] >= 1
+    if "retries" not in rewrite:  # else the commits of an attempt that lost count too
+        assert result["files_after"] == (files_before - rewrite["rewritten_data_files_count"]
+                                         + rewrite["added_data_files_count"])
+    assert 0 < result["rows"] <= result["table_rows"]
     assert result["rewrite_manifests"]["added_manifests_count"] >= 1
     assert result["expire_snapshots"]["deleted_manifest_lists_count"] >= INITIAL_APPENDS
     assert result["remove_orphan_files"] == {"orphan_files_removed": 1, "seconds": result["remove_orphan_files"]["seconds"]}

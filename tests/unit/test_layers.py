@@ -46,7 +46,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "logrouter",  # the package itself: its version
         "logrouter.batch", "logrouter.paths", "logrouter.regex", "logrouter.serial", "logrouter.registry",
         "logrouter.units", "logrouter.progress", "logrouter.open_files", "logrouter.native",
-        "logrouter.atomic_file", "logrouter.faults",  # test-only fault points: imports nothing of ours
+        "logrouter.atomic_file", "logrouter.parent_death", "logrouter.faults",  # test-only fault points: imports nothing of ours
     )),
 ]
 
