@@ -165,15 +165,15 @@ def test_rewrite_while_a_writer_appends_loses_and_doubles_nothing(spark, tmp_pat
     [result] = results
     assert result["status"] == "compacted", result
     rewrite = result["rewrite_data_files"]
-    # partial progress: a file group whose commit lost stays for the next round, counted as failed
-    assert rewrite["rewritten_data_files_count"] + rewrite["failed_data_files_count"] >= files_before
+    # partial progress: a file group whose commit lost to the writer stays for the next round
+    # (Iceberg counts such groups nowhere, so no bound on rewritten + failed holds here)
     assert rewrite["rewritten_data_files_count"] >= files_before // 2
     assert rewrite["added_data_files_count"] <= 8
     # the round's numbers: the files it began with (the writer's too), those files as the
     # rewrite left them (the writer's appends meanwhile apart), the rows the rewrite moved
     assert result["files_before"] >= files_before and result["files_appended"] >= 1
     if "retries" not in rewrite:  # else the commits of an attempt that lost count too
-        assert result["files_after"] == (files_before - rewrite["rewritten_data_files_count"]
+        assert result["files_after"] == (result["files_before"] - rewrite["rewritten_data_files_count"]
                                          + rewrite["added_data_files_count"])
     assert 0 < result["rows"] <= result["table_rows"]
     assert result["rewrite_manifests"]["added_manifests_count"] >= 1
