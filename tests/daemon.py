@@ -13,19 +13,22 @@ import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Callable
+
+from process_log import ProcessLog
 
 REPO = Path(__file__).resolve().parent.parent
 TWISTD = Path(sys.executable).parent / "twistd"
 
 
-class Daemon:
+class Daemon(ProcessLog):
     """``twistd`` is this venv's unless given; ``env`` replaces the environment, whose
     default puts this checkout first on ``PYTHONPATH`` (the code under test);
     ``preexec_fn`` runs in the child before ``twistd`` (limits, capabilities)."""
+
+    LOG_NAME = "daemon"
 
     def __init__(
         self,
@@ -56,35 +59,10 @@ class Daemon:
             text=True,
             preexec_fn=self.preexec_fn,
         )
-        threading.Thread(target=self._read, daemon=True).start()
+        self.follow_output()
         if wait_for:
             self.wait_for(wait_for, timeout)
         return self
-
-    def _read(self) -> None:
-        assert self.process is not None and self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.append(line)
-            self._queue.put(line)
-        self._queue.put(None)
-
-    def wait_for(self, pattern: str, timeout: float = 60) -> re.Match:
-        """The first log line (old or new) matching ``pattern``; fails after ``timeout``."""
-        regex = re.compile(pattern)
-        for line in list(self.lines):
-            if m := regex.search(line):
-                return m
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                line = self._queue.get(timeout=left)
-            except queue.Empty:
-                break
-            if line is None:
-                raise AssertionError(f"daemon exited while waiting for {pattern!r}:\n{self.output}")
-            if m := regex.search(line):
-                return m
-        raise AssertionError(f"no log line matching {pattern!r} within {timeout}s:\n{self.output}")
 
     def port(self, source: str) -> int:
         return int(self.wait_for(rf"source {re.escape(source)} listening on \S+ port (\d+)").group(1))
@@ -104,9 +82,6 @@ class Daemon:
             if not late or time.monotonic() > deadline:
                 return values
 
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 60) -> int:
         """Signal the daemon and wait; the exit status as ``subprocess`` reports it."""

@@ -53,12 +53,12 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from go_binary import FAILURE_TTL, cache_root  # noqa: E402
+from process_log import ProcessLog  # noqa: E402
 
 NPM_PACKAGE = "fluent-bit"
 NPM_VERSION = "0.0.3"
@@ -239,8 +239,11 @@ def wait_for_port(port: int, timeout: float, fluent_bit: "FluentBit") -> None:
         time.sleep(0.05)  # poll interval; the bound is the deadline
 
 
-class FluentBit:
+class FluentBit(ProcessLog):
     """``fluent-bit -c <workdir>/fluent-bit.conf``, its log read by a thread."""
+
+    LOG_NAME = "Fluent Bit"
+    LOG_TAIL = 6000
 
     def __init__(self, binary: Path, workdir: Path, config_text: str) -> None:
         self.binary = Path(binary)
@@ -257,37 +260,8 @@ class FluentBit:
             [str(self.binary), "-c", str(self.config)], cwd=self.workdir, stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
         )
-        threading.Thread(target=self._read, daemon=True).start()
+        self.follow_output()
         return self
-
-    def _read(self) -> None:
-        assert self.process is not None and self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.append(line)
-            self._queue.put(line)
-        self._queue.put(None)
-
-    def wait_for(self, pattern: str, timeout: float = 60) -> re.Match:
-        """The first log line (old or new) matching ``pattern``; fails after ``timeout``."""
-        regex = re.compile(pattern)
-        for line in list(self.lines):
-            if m := regex.search(line):
-                return m
-        deadline = time.monotonic() + timeout
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                line = self._queue.get(timeout=left)
-            except queue.Empty:
-                break
-            if line is None:
-                raise AssertionError(f"Fluent Bit exited while waiting for {pattern!r}:\n{self.output[-6000:]}")
-            if m := regex.search(line):
-                return m
-        raise AssertionError(f"no Fluent Bit log line matching {pattern!r} within {timeout}s:\n{self.output[-6000:]}")
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
 
     def stop(self, timeout: float = 60) -> int | None:
         """SIGTERM (Fluent Bit flushes what it holds within its ``Grace``), SIGKILL at the bound."""
