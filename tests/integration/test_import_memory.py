@@ -1,0 +1,98 @@
+"""What the config check imports: no library only some components need at run time.
+
+Every process checks its config, the supervisor of ``[router] workers`` too, which runs
+no component: grpcio (the Pravega controller) and pyzmq (logjam) cost it and every worker
+whose config has no such component ~25 MiB of RSS each (``docs/memory.md``). Each check
+runs in a fresh interpreter, whose ``sys.modules`` says what was really loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+from repo_paths import REPO
+
+FORWARD_TO_LAKE = """
+[spool]
+path = "spool"
+[sources.forward]
+type = "fluent_forward"
+listen = "tcp:0:interface=127.0.0.1"
+[sinks.lake]
+type = "parquet"
+inputs = ["forward"]
+path = "lake"
+"""
+
+
+def loaded_after(code: str) -> dict[str, bool]:
+    """Which of the watched modules are loaded (their code run) after ``code``."""
+    script = textwrap.dedent(code) + textwrap.dedent("""
+        import json, sys
+        def run(name):
+            module = sys.modules.get(name)
+            return module is not None and type(module).__name__ != "_LazyModule"
+        print(json.dumps({name: run(name) for name in ("grpc", "zmq", "google.protobuf")}))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_config_check_loads_neither_grpc_nor_zmq() -> None:
+    loaded = loaded_after(f"""
+        from logrouter.config.load import load_string
+        load_string({FORWARD_TO_LAKE!r})
+    """)
+    assert loaded == {"grpc": False, "zmq": False, "google.protobuf": False}
+
+
+def test_the_supervisor_side_loads_neither_grpc_nor_zmq() -> None:
+    """What ``twistd logrouter`` imports to run the supervisor, and its config check."""
+    loaded = loaded_after(f"""
+        import logrouter.tap
+        import logrouter.workers.supervisor
+        from logrouter.config.load import load_string
+        load_string({FORWARD_TO_LAKE!r})
+    """)
+    assert not any(loaded.values()), loaded
+
+
+def test_a_controller_listen_address_is_checked_without_grpc() -> None:
+    loaded = loaded_after("""
+        from logrouter.config.load import load_string
+        try:
+            load_string('[sources.p]\\ntype = "pravega"\\nlisten = "tcp:0"\\ncontroller_listen = "ssl:0:privateKey=/nonexistent.pem"\\n'
+                        '[sinks.s]\\ntype = "blackhole"\\ninputs = ["p"]\\n')
+        except Exception as e:
+            assert "privateKey /nonexistent.pem" in str(e), e
+        else:
+            raise AssertionError("accepted a missing key file")
+    """)
+    assert loaded["grpc"] is False
+
+
+def test_lazy_loads_the_module_on_first_use() -> None:
+    loaded = loaded_after("""
+        from logrouter.lazy_import import lazy
+        zmq = lazy("zmq")
+        import sys
+        assert type(sys.modules["zmq"]).__name__ == "_LazyModule"
+        assert zmq.SUB == 2  # the first attribute read runs the module
+        import zmq as imported
+        assert imported is zmq and imported.Context is not None
+    """)
+    assert loaded["zmq"] is True
+
+
+def test_lazy_of_a_missing_module_raises_at_once() -> None:
+    from logrouter.lazy_import import lazy
+
+    try:
+        lazy("logrouter_no_such_module")
+    except ModuleNotFoundError as e:
+        assert e.name == "logrouter_no_such_module"
+    else:
+        raise AssertionError("no error")
