@@ -1,7 +1,7 @@
 """What each process of a daemon's tree holds in memory, read from ``/proc``.
 
 ``tree_memory(pid)`` gives one ``ProcessMemory`` per live process of the tree: its role
-(the supervisor, worker N, or the command's name), its peak RSS (``VmHWM``), its RSS now
+(the supervisor, worker N, the daemon when it runs alone, or the command's name), its peak RSS (``VmHWM``), its RSS now
 (``VmRSS``) split into anonymous memory (heaps: Python's objects, malloc arenas, pyarrow's
 pool) and file-backed pages (the interpreter's and the extension modules' code and data
 mapped from disk). The benchmarks print it at start-up and after the load.
@@ -56,8 +56,7 @@ def status_kib(pid: int) -> dict[str, int]:
 def tree_memory(pid: int, pids: list[int]) -> list[ProcessMemory]:
     """Each of ``pids`` (``pid``'s tree, from ``forward_load.tree_pids``), ``pid`` first."""
     roles = {each: role(each) for each in pids}
-    if any(r.startswith("worker") for r in roles.values()):
-        roles[pid] = "supervisor"
+    roles[pid] = "supervisor" if any(r.startswith("worker") for r in roles.values()) else "daemon"
     found = [ProcessMemory(each, roles[each], status_kib(each)) for each in [pid] + [p for p in pids if p != pid]]
     return [p for p in found if p.peak]
 
