@@ -1,8 +1,9 @@
 """What the config check imports: no library only some components need at run time.
 
 Every process checks its config, the supervisor of ``[router] workers`` too, which runs
-no component: grpcio (the Pravega controller) and pyzmq (logjam) cost it and every worker
-whose config has no such component ~25 MiB of RSS each (``docs/memory.md``). Each check
+no component: pyarrow (the lake sinks, the Beats time parser), grpcio (the Pravega
+controller) and pyzmq (logjam) cost it ~50 MiB of RSS, and grpcio and pyzmq every worker
+whose config has no such component ~11 MiB (``docs/operations/memory.md``). Each check
 runs in a fresh interpreter, whose ``sys.modules`` says what was really loaded.
 """
 
@@ -35,21 +36,39 @@ def loaded_after(code: str) -> dict[str, bool]:
         def run(name):
             module = sys.modules.get(name)
             return module is not None and type(module).__name__ != "_LazyModule"
-        print(json.dumps({name: run(name) for name in ("grpc", "zmq", "google.protobuf")}))
+        print(json.dumps({name: run(name) for name in ("grpc", "zmq", "google.protobuf", "pyarrow", "pyiceberg")}))
     """)
-    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_the_config_check_loads_neither_grpc_nor_zmq() -> None:
+def test_the_config_check_loads_neither_pyarrow_nor_grpc_nor_zmq() -> None:
     loaded = loaded_after(f"""
         from logrouter.config.load import load_string
         load_string({FORWARD_TO_LAKE!r})
     """)
-    assert loaded == {"grpc": False, "zmq": False, "google.protobuf": False}
+    assert loaded == {"grpc": False, "zmq": False, "google.protobuf": False, "pyarrow": False, "pyiceberg": False}
 
 
-def test_the_supervisor_side_loads_neither_grpc_nor_zmq() -> None:
+def test_an_iceberg_sink_and_declared_columns_are_checked_without_pyarrow() -> None:
+    loaded = loaded_after("""
+        from logrouter.config.load import ConfigError, load_string
+        base = '[sources.f]\\ntype = "fluent_forward"\\nlisten = "tcp:0"\\n[sinks.i]\\ntype = "iceberg"\\ninputs = ["f"]\\n'
+        load_string(base + 'warehouse = "w"\\ncolumns = { status = "int" }\\npartition_by = ["hour(time)", "bucket(4, tag)"]\\n')
+        try:
+            load_string(base + 'warehouse = "w"\\ncolumns = { Time = "int" }\\npartition_by = ["week(time)"]\\n')
+        except ConfigError as e:
+            text = "\\n".join(e.errors)
+            assert "sinks.i.columns: column 'Time' cannot be declared" in text, text
+            assert "sinks.i.partition_by[0]: time can be partitioned by" in text, text
+        else:
+            raise AssertionError("accepted")
+    """)
+    assert loaded["pyarrow"] is False and loaded["pyiceberg"] is False
+
+
+def test_the_supervisor_side_loads_none_of_them() -> None:
     """What ``twistd logrouter`` imports to run the supervisor, and its config check."""
     loaded = loaded_after(f"""
         import logrouter.tap
