@@ -3,32 +3,40 @@
 The config check imports every component module (``registry.load_builtin``), in every
 process: the supervisor of ``[router] workers`` too, which never runs a component. A
 library a component only needs once it runs (pyzmq for the logjam source and sink) is
-bound at module level through ``lazy(name)``: the module object is made at once, its code
-runs on the first attribute read. A process whose config has no such component never
-loads the library, nor pays for its memory (``docs/memory.md``).
+bound at module level through ``lazy(name)``: it is imported on the first attribute read.
+A process whose config has no such component never loads the library, nor pays for its
+memory (``docs/operations/memory.md``).
 
-Only for top-level packages (a submodule's lookup would import its parent), and only
-where no attribute is read at import time.
+The first read imports the module through the import system, whose locks make it safe
+from any thread (a logjam receiver's thread may be first); after it, the module's names
+are read from the handle's own dict, as fast as from the module.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
-import sys
-from types import ModuleType
+from typing import Any
 
 
-def lazy(name: str) -> ModuleType:
-    """``name``'s module, loaded when an attribute of it is first read (the same module
-    object as ``import name`` gives, once loaded or if it already is)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.find_spec(name)
-    if spec is None or spec.loader is None:
+class LazyModule:
+    """Stands for module ``name`` until it is needed; then holds its names."""
+
+    def __init__(self, name: str) -> None:
+        self.__dict__["_lazy_name"] = name
+
+    def __getattr__(self, attr: str) -> Any:  # only for names not copied yet
+        module = importlib.import_module(self.__dict__["_lazy_name"])
+        self.__dict__.update(vars(module))
+        return getattr(module, attr)
+
+    def __repr__(self) -> str:
+        return f"<lazy module {self.__dict__['_lazy_name']!r}>"
+
+
+def lazy(name: str) -> Any:
+    """A handle on module ``name`` that imports it on the first attribute read
+    (``ModuleNotFoundError`` at once if it is not installed)."""
+    if importlib.util.find_spec(name) is None:
         raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-    loader = importlib.util.LazyLoader(spec.loader)
-    spec.loader = loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    loader.exec_module(module)
-    return module
+    return LazyModule(name)
