@@ -17,8 +17,9 @@ for ``--seconds``. It drives, in turn:
 
 For each it prints acked events/s (while sending), end-to-end events/s (events landed in
 the lake / the file over the time from the start of the load until the last one landed),
-the peak RSS of its process tree (the sum of each process's VmHWM) and its CPU seconds per
-million events (user + system of the tree, from the start of the load until every event
+the peak RSS of its process tree (the sum of each process's VmHWM; then each process's
+peak and current RSS, idle after start-up and after the load, from ``process_memory.py``)
+and its CPU seconds per million events (user + system of the tree, from the start of the load until every event
 landed). Run by hand, e.g. ``.venv/bin/python bench/vs_fluent_bit.py --seconds 20``;
 ``--only logrouter`` or ``--only fluent-bit`` runs one side.
 """
@@ -42,12 +43,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from forward_load import Stats, drive, launch, measure, peak_rss_mb, source_to_lake, tree_cpu_secs, tree_pids  # noqa: E402
 
 import fluent_bit  # noqa: E402
+from process_memory import table, tree_memory  # noqa: E402
 
 
 class Result:
     def __init__(self, system: str, acked: int, load_secs: float, landed: int, landed_secs: float,
-                 rss_mib: float, cpu_secs: float, an_ack_means: str) -> None:
+                 rss_mib: float, cpu_secs: float, an_ack_means: str, memory: list[str] | None = None) -> None:
         self.system, self.acked, self.load_secs = system, acked, load_secs
+        self.memory = memory or []
         self.landed, self.landed_secs = landed, landed_secs
         self.rss_mib, self.cpu_secs, self.an_ack_means = rss_mib, cpu_secs, an_ack_means
 
@@ -59,7 +62,7 @@ class Result:
             f"  {self.landed / self.landed_secs:,.0f} events/s end to end ({self.landed:,} landed {self.landed_secs:.1f}s after the load's start)",
             f"  peak RSS {self.rss_mib:,.0f} MiB (process tree, summed)",
             f"  CPU {self.cpu_secs:,.1f} s = {per_million:,.2f} CPU s per million events",
-        ]
+        ] + self.memory
 
 
 def tree_rss_sum(pid: int) -> float:
@@ -74,10 +77,12 @@ def run_logrouter(args: argparse.Namespace) -> Result:
         proc, port, metrics_port, lines = launch(workdir, config, "forward")
         stats = Stats()
         rss: list[float] = []
+        memory = table("idle after start-up", tree_memory(proc.pid, tree_pids(proc.pid)))
 
         def load() -> float:
             elapsed = asyncio.run(drive("127.0.0.1", port, args, stats))
             rss.append(tree_rss_sum(proc.pid))
+            memory.extend(table("after the load", tree_memory(proc.pid, tree_pids(proc.pid))))
             return elapsed
 
         run = measure(workdir, proc, metrics_port, load)
@@ -86,7 +91,7 @@ def run_logrouter(args: argparse.Namespace) -> Result:
             raise SystemExit(f"logrouter: {run.rows:,} rows in the lake for {stats.acked_events:,} acked events, exit {run.exit_code}")
         # the graceful stop commits what the sink still held: the last row lands by its end
         return Result(f"logrouter, workers={args.workers}, forward -> Parquet", stats.acked_events, run.elapsed,
-                      run.rows, run.elapsed + run.stop_secs, rss[0], run.cpu_secs, "fsync'd in the spool")
+                      run.rows, run.elapsed + run.stop_secs, rss[0], run.cpu_secs, "fsync'd in the spool", memory)
 
 
 FLUENT_BIT_CONFIG = """\
@@ -143,6 +148,7 @@ def run_fluent_bit(args: argparse.Namespace) -> Result:
             landed_secs = time.monotonic() - start
             cpu = tree_cpu_secs(shipper.process.pid) - cpu_at_start
             rss = tree_rss_sum(shipper.process.pid)
+            memory = table("after the load", tree_memory(shipper.process.pid, tree_pids(shipper.process.pid)))
             shipper.process.send_signal(signal.SIGTERM)
             try:
                 shipper.process.wait(60)
@@ -152,7 +158,7 @@ def run_fluent_bit(args: argparse.Namespace) -> Result:
             sys.stdout.write(shipper.output[-4000:])
             raise SystemExit(f"Fluent Bit: {landed:,} events in the file for {stats.acked_events:,} acked")
         return Result(f"Fluent Bit {fluent_bit.VERSION}, forward -> file, filesystem storage", stats.acked_events,
-                      elapsed, landed, landed_secs, rss, cpu, "received")
+                      elapsed, landed, landed_secs, rss, cpu, "received", memory)
 
 
 def main() -> None:

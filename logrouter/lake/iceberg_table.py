@@ -23,27 +23,21 @@ Blocking calls (catalog commits): the sink calls this from its worker thread.
 from __future__ import annotations
 
 import posixpath
-import re
 from typing import Any, Sequence
 
 import pyarrow as pa
 
-from logrouter.config.options import Problems
 from logrouter.lake.extra import valid_text
 from logrouter.lake.iceberg_catalog import ensure_namespace
+from logrouter.lake.iceberg_partition import TAG, parse_partition
 from logrouter.lake.partition import HOUR_NS
 from logrouter.lake.schema import BINARY, BOOL, EXTRA, FLOAT64, INT64, STRING, TIME, TIME_TYPE, ColumnTypes
 from logrouter.lake.writer import FileShape, SealedFile
 
-TAG = "tag"
 FIELD_ID = b"PARQUET:field_id"
-DEFAULT_PARTITION_BY = ["day(time)", "identity(tag)"]
 FORMAT_VERSION = "2"
 SCHEMA_ATTEMPTS = 10  # schema updates lost to another writer's: refresh and try again
 
-_TIME_TRANSFORMS = ("year", "month", "day", "hour")
-_TAG_TRANSFORMS = ("identity", "bucket", "truncate")
-_PARTITION = re.compile(r"\s*(\w+)\s*\(\s*(?:(\d+)\s*,\s*)?(\w+)\s*\)\s*")
 _CODECS = {"none": "uncompressed"}  # Iceberg's name of a Parquet codec, where it differs
 
 
@@ -63,43 +57,6 @@ def arrow_type(iceberg_type: Any) -> pa.DataType | None:
 
 
 # -- partition_by ------------------------------------------------------------------------
-
-
-def parse_partition(text: str) -> tuple[str, int | None, str]:
-    """``"bucket(16, tag)"`` → ``("bucket", 16, "tag")``; ValueError saying what is wrong."""
-    match = _PARTITION.fullmatch(text)
-    if not match:
-        raise ValueError(f"must look like day(time), identity(tag) or bucket(16, tag), got {text!r}")
-    transform, number, source = match.group(1).lower(), match.group(2), match.group(3)
-    if source == TIME:
-        if transform not in _TIME_TRANSFORMS or number is not None:
-            raise ValueError(f"time can be partitioned by {', '.join(f'{t}(time)' for t in _TIME_TRANSFORMS)}, got {text!r}")
-    elif source == TAG:
-        if transform not in _TAG_TRANSFORMS:
-            raise ValueError(f"tag can be partitioned by identity(tag), bucket(N, tag) or truncate(N, tag), got {text!r}")
-        if (number is None) != (transform == "identity") or (number is not None and int(number) <= 0):
-            raise ValueError(f"{transform}(…) of tag takes {'no number' if transform == 'identity' else 'a positive number first'}, got {text!r}")
-    else:
-        raise ValueError(f"only time and tag can partition the table (a file holds one tag and one hour), got {text!r}")
-    return transform, None if number is None else int(number), source
-
-
-def check_partition_by(value: list) -> None:
-    problems = []
-    sources: dict[str, str] = {}
-    for i, item in enumerate(value):
-        try:
-            if not isinstance(item, str):
-                raise ValueError(f"must be a string, got {item!r}")
-            transform, _, source = parse_partition(item)
-        except ValueError as e:
-            problems.append(f"[{i}]: {e}")
-            continue
-        if source in sources:
-            problems.append(f"[{i}]: {source} is already partitioned by {sources[source]!r}")
-        sources[source] = item
-    if problems:
-        raise Problems(problems)
 
 
 def _transform(kind: str, number: int | None) -> Any:

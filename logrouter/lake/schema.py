@@ -48,14 +48,9 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import pyarrow as pa
 
-from logrouter.lake.partition import PARTITION_COLUMNS
+from logrouter.lake.column_names import DECLARED_TYPES, EXTRA, RESERVED, TIME, usable  # noqa: F401 - RESERVED: imported from here too
 
-TIME = "time"
-EXTRA = "_extra"
 TIME_TYPE = pa.timestamp("us", tz="UTC")
-
-#: Names no record field may use as a column, in Spark's case-insensitive sense.
-RESERVED = frozenset(name.casefold() for name in (TIME, EXTRA, *PARTITION_COLUMNS))
 
 BOOL = pa.bool_()
 INT64 = pa.int64()
@@ -74,16 +69,10 @@ SCALAR_TYPES: dict[type, pa.DataType] = {
     bytearray: BINARY,
 }
 
-#: Names a configuration may use to declare a column's type.
+#: Names a configuration may use to declare a column's type (``column_names.DECLARED_TYPES``).
 TYPE_NAMES: dict[str, pa.DataType] = {
-    "bool": BOOL,
-    "int": INT64,
-    "int64": INT64,
-    "float": FLOAT64,
-    "float64": FLOAT64,
-    "double": FLOAT64,
-    "string": STRING,
-    "binary": BINARY,
+    name: {"bool": BOOL, "int64": INT64, "float64": FLOAT64, "string": STRING, "binary": BINARY}[kind]
+    for name, kind in DECLARED_TYPES.items()
 }
 COLUMN_TYPES = frozenset(SCALAR_TYPES.values())
 
@@ -191,15 +180,7 @@ class ColumnTypes:
         self._folded.add(name.casefold())
 
     def _eligible(self, name: Any) -> bool:
-        if type(name) is not str or not name:
-            ok = False
-        else:
-            try:
-                name.encode("utf-8")
-                folded = name.casefold()
-                ok = folded not in RESERVED and folded not in self._folded
-            except UnicodeEncodeError:
-                ok = False
+        ok = usable(name, self._folded)
         if not ok and len(self._refused) < 100_000:  # bounded: names can be junk
             self._refused.add(name)
         return ok

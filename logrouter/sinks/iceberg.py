@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from twisted.internet import task
 
@@ -51,12 +51,14 @@ from logrouter.lake.iceberg_catalog import (
     redact,
     table_identifier,
 )
-from logrouter.lake.iceberg_table import DEFAULT_PARTITION_BY, IcebergLayout, check_partition_by, check_writable, load_or_create, spec_text
-from logrouter.lake.schema import ColumnTypes
-from logrouter.lake.writer import SealedFile
+from logrouter.lake.iceberg_partition import DEFAULT_PARTITION_BY, check_partition_by
 from logrouter.serial import SerialWorker
 from logrouter.sinks.base import SINK_OPTIONS
 from logrouter.sinks.lake_sink import CURSOR_SAVE_SECS, LakeSink, file_options
+
+if TYPE_CHECKING:
+    from logrouter.lake.iceberg_table import IcebergLayout
+    from logrouter.lake.writer import SealedFile
 
 # Queued when the router has handed over the last batch of a record with rows for this
 # sink: a commit covers whole records only (a record's batches may span two runs).
@@ -184,6 +186,10 @@ class IcebergSink(LakeSink):
         return cursor
 
     def _open(self) -> None:
+        # pyarrow (through the table and the schema) loads here, in the process that writes
+        from logrouter.lake.iceberg_table import IcebergLayout, check_writable, load_or_create, spec_text
+        from logrouter.lake.schema import ColumnTypes
+
         if self.catalog is None:
             self.catalog = open_catalog(self.options["catalog"], self.properties)
             self.table = None

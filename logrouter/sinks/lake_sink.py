@@ -16,7 +16,7 @@ owns the options they share, the samples, and one worker run over the queued ite
 from __future__ import annotations
 
 import socket
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from twisted.internet import defer
 
@@ -24,15 +24,18 @@ from logrouter.batch import Batch
 from logrouter.config.options import Option, positive
 from logrouter.lake.flatten import flatten_events
 from logrouter.lake.partition import PartitionError
-from logrouter.lake.schema import TYPE_NAMES, ColumnTypes
-from logrouter.lake.writer import LakeWriter
+from logrouter.lake.codecs import check_codec
+from logrouter.lake.column_names import DECLARED_TYPES, check_declared
 from logrouter.serial import defer_to_thread
 from logrouter.sinks.worker_sink import RESET, ROWS, STOP, WorkerSink
+
+if TYPE_CHECKING:
+    from logrouter.lake.schema import ColumnTypes
+    from logrouter.lake.writer import LakeWriter
 
 CURSOR_SAVE_SECS = 1.0  # a cursor-only commit (nothing sealed) at most this often
 MAX_BUFFERED_BYTES = 64 << 20  # rows held in Python before they are encoded anyway
 
-PARQUET_CODECS = ("zstd", "snappy", "gzip", "brotli", "lz4", "none")
 
 
 def check_writer_id(value: str) -> None:
@@ -42,25 +45,14 @@ def check_writer_id(value: str) -> None:
 
 def check_columns(value: dict) -> None:
     try:
-        ColumnTypes(value)
-    except (ValueError, TypeError) as e:
-        raise ValueError(f"{e} (types: {', '.join(sorted(TYPE_NAMES))})") from None
+        check_declared(value)  # without pyarrow: the supervisor of [router] workers checks configs too
+    except ValueError as e:
+        raise ValueError(f"{e} (types: {', '.join(sorted(DECLARED_TYPES))})") from None
 
 
 def default_writer_id(name: str) -> str:
     host = "".join(c if c.isalnum() or c in "-." else "-" for c in socket.gethostname()) or "host"
     return f"{host}-{name}"
-
-
-def check_codec(value: str) -> None:
-    """Refused at config load: an unknown codec would otherwise fail every file write."""
-    import pyarrow
-
-    name = value.lower()
-    if name not in PARQUET_CODECS:
-        raise ValueError(f"unknown Parquet codec {value!r} (one of: {', '.join(PARQUET_CODECS)})")
-    if name != "none" and not pyarrow.Codec.is_available(name):
-        raise ValueError(f"Parquet codec {value!r} is not available in this pyarrow build")
 
 
 def file_options(writer_doc: str, roll_secs: float) -> dict[str, Option]:
@@ -89,6 +81,10 @@ class LakeSink(WorkerSink):
     ticker: Any
 
     def new_writer(self, root: str, fs: Any, layout: Any = None, column_types: ColumnTypes | None = None) -> LakeWriter:
+        # pyarrow loads here, in the process that writes: not in a config check
+        from logrouter.lake.schema import ColumnTypes
+        from logrouter.lake.writer import LakeWriter
+
         return LakeWriter(
             root,
             self.writer_id,

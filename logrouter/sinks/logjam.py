@@ -56,7 +56,6 @@ import collections
 import socket
 from typing import Any, Iterator
 
-import zmq
 from twisted.internet import defer
 from twisted.python.failure import Failure
 
@@ -65,11 +64,14 @@ from logrouter.batch import Batch, Event
 from logrouter.config.options import REQUIRED, Option, non_negative, one_of, positive
 from logrouter.config.zmq_endpoints import bind_option, check_zmq_endpoint
 from logrouter.lake.extra import encode_extra
+from logrouter.lazy_import import lazy
 from logrouter.sinks.base import SINK_OPTIONS
 from logrouter.sinks.forwarding import ForwardingSink
 from logrouter.sources.events import TagTemplate
 from logrouter.wire import logjam as wire
 from logrouter.wire.logjam import METADATA_NAMES
+
+zmq = lazy("zmq")  # loaded when the sink binds: the config check imports this module everywhere
 
 INLINE_EVENTS = 64  # records this small are encoded on the reactor thread (a thread hop costs more)
 MAX_DEVICE = 0xFFFFFFFF

@@ -18,7 +18,7 @@ writes a row twice. The cursor never passes the first record of a file still ope
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.internet import task
 
@@ -26,12 +26,14 @@ from logrouter import registry
 from logrouter.batch import Batch
 from logrouter.config.options import Option
 from logrouter.lake.fs import check_lake_url, filesystem_for
-from logrouter.lake.writer import LakeWriter, SealedFile
 from logrouter.serial import SerialWorker
 from logrouter.sinks.base import SINK_OPTIONS
 from logrouter.sinks.lake_sink import CURSOR_SAVE_SECS, LakeSink, file_options
 
 from logrouter.sinks.worker_sink import RESET as _RESET, ROWS as _ROWS, STOP as _STOP, TICK as _TICK  # noqa: F401
+
+if TYPE_CHECKING:
+    from logrouter.lake.writer import LakeWriter, SealedFile
 
 
 def _check_path(value: str) -> None:
@@ -85,6 +87,8 @@ class ParquetSink(LakeSink):
         if state:
             self.published = {(tag, bucket): mark for tag, bucket, mark in state.get("published", [])}
             self.writer.column_types.restore(state.get("columns", []))
+            from logrouter.lake.writer import SealedFile
+
             pending = [SealedFile.from_dict(f) for f in state.get("files", [])]
             self.writer.publish(pending, missing_ok=True)
             self._saved_cursor = state["cursor"]

@@ -23,9 +23,6 @@ from itertools import repeat
 from operator import itemgetter
 from typing import Any, Callable
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from logrouter.batch import Batch
 from logrouter.spool import formats
 from logrouter.wire import json_text
@@ -69,10 +66,8 @@ def _whole_seconds(prefix: str) -> int | None:
 
 
 
-_UTC_NS = pa.timestamp("ns", "UTC")
 _COLUMN_MIN = 64  # below this many events Arrow's fixed cost per call outweighs the loop
 _STAMP = itemgetter("@timestamp")
-_STRING = pa.string()
 _STR_ONLY = {str}
 
 
@@ -97,15 +92,20 @@ def _stamp_times(records: list[dict[str, Any]]) -> list[int] | None:
     # deeply nested list recurses far deeper in C++ than decoding it did.
     if set(map(type, stamps)) != _STR_ONLY:
         return None
+    # pyarrow only here: the config check imports this module in every process, the
+    # supervisor of [router] workers too, which never parses an event (docs/operations/memory.md)
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     try:
-        array = pa.array(stamps, _STRING)
+        array = pa.array(stamps, pa.string())
     except (pa.ArrowException, UnicodeError):  # a lone surrogate (from a "\ud800" escape)
         return None
     lengths = pc.min_max(pc.utf8_length(array))
     if lengths["min"].as_py() < 22 or lengths["max"].as_py() > 30 or not pc.all(pc.ends_with(array, "Z")).as_py():
         return None
     try:
-        nanos = array.cast(_UTC_NS).cast(pa.int64())
+        nanos = array.cast(pa.timestamp("ns", "UTC")).cast(pa.int64())
     except (pa.ArrowInvalid, OverflowError):
         return None
     bounds = pc.min_max(nanos)

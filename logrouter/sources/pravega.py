@@ -51,7 +51,7 @@ from logrouter import registry
 from logrouter.batch import Batch
 from logrouter.config.endpoints import listen_option
 from logrouter.config.options import Option, list_of, one_of
-from logrouter.pravega.controller import ControllerServer, check_controller_listen
+from logrouter.pravega.controller_listen import check_controller_listen
 from logrouter.pravega.streams import StreamRegistry, parse_segment_name
 from logrouter.sources.acks import AckingConnection, AckingSource
 from logrouter.sources.events import NANOS, TagTemplate, check_tag, time_from_fields
@@ -242,7 +242,7 @@ class PravegaSource(AckingSource, StreamSource):
         self.time_fields = tuple(self.options["time_fields"])
         self.payload = self.options["payload"]
         self.streams: StreamRegistry | None = None
-        self.controller: ControllerServer | None = None
+        self.controller: Any = None  # a pravega.controller.ControllerServer once started
         self.controller_port: int | None = None
         self.segment_store_address: tuple[str, int] | None = None  # (host, port) once listening
         self.offsets: dict[str, int] = {}
@@ -274,6 +274,8 @@ class PravegaSource(AckingSource, StreamSource):
         listen = self.options["controller_listen"]
         if not listen:
             return
+        from logrouter.pravega.controller import ControllerServer  # grpcio: only where a controller runs
+
         self.controller = ControllerServer(
             self.streams, self.segment_store, self.options["delegation_token"], advertise_host=self.options["advertise_host"] or None
         )

@@ -39,18 +39,19 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Optional
 
-import zmq
 from twisted.internet import defer
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from logrouter.lazy_import import lazy
 from logrouter.serial import clean_failure
 from logrouter.wire.errors import detached
+
+zmq = lazy("zmq")  # loaded when a receiver starts: the config check imports this module everywhere
 
 SUB = "sub"
 ROUTER = "router"
 PULL = "pull"
-_SOCKET_TYPES = {SUB: zmq.SUB, ROUTER: zmq.ROUTER, PULL: zmq.PULL}
 
 #: how long the thread sleeps in poll when nothing happens; only bounds how late it sees
 #: a command if a wake-up byte were ever lost (they are not: the socketpair is local)
@@ -218,7 +219,7 @@ class ZmqReceiver:
             self._close_wake()
 
     def _open(self, context: zmq.Context, spec: SocketSpec) -> zmq.Socket:
-        s = context.socket(_SOCKET_TYPES[spec.kind])
+        s = context.socket({SUB: zmq.SUB, ROUTER: zmq.ROUTER, PULL: zmq.PULL}[spec.kind])
         try:
             s.setsockopt(zmq.RCVHWM, self.receive_hwm)
             s.setsockopt(zmq.LINGER, 0)

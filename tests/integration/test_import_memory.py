@@ -1,0 +1,137 @@
+"""What the config check imports: no library only some components need at run time.
+
+Every process checks its config, the supervisor of ``[router] workers`` too, which runs
+no component: pyarrow (the lake sinks, the Beats time parser), grpcio (the Pravega
+controller) and pyzmq (logjam) cost it ~50 MiB of RSS, and grpcio and pyzmq every worker
+whose config has no such component ~11 MiB (``docs/operations/memory.md``). Each check
+runs in a fresh interpreter, whose ``sys.modules`` says what was really loaded.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+from repo_paths import REPO
+
+FORWARD_TO_LAKE = """
+[spool]
+path = "spool"
+[sources.forward]
+type = "fluent_forward"
+listen = "tcp:0:interface=127.0.0.1"
+[sinks.lake]
+type = "parquet"
+inputs = ["forward"]
+path = "lake"
+"""
+
+
+def loaded_after(code: str) -> dict[str, bool]:
+    """Which of the watched modules are loaded (their code run) after ``code``."""
+    script = textwrap.dedent(code) + textwrap.dedent("""
+        import json, sys
+        def run(name):
+            return name in sys.modules
+        print(json.dumps({name: run(name) for name in ("grpc", "zmq", "google.protobuf", "pyarrow", "pyiceberg")}))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_config_check_loads_neither_pyarrow_nor_grpc_nor_zmq() -> None:
+    loaded = loaded_after(f"""
+        from logrouter.config.load import load_string
+        load_string({FORWARD_TO_LAKE!r})
+    """)
+    assert loaded == {"grpc": False, "zmq": False, "google.protobuf": False, "pyarrow": False, "pyiceberg": False}
+
+
+def test_an_iceberg_sink_and_declared_columns_are_checked_without_pyarrow() -> None:
+    loaded = loaded_after("""
+        from logrouter.config.load import ConfigError, load_string
+        base = '[sources.f]\\ntype = "fluent_forward"\\nlisten = "tcp:0"\\n[sinks.i]\\ntype = "iceberg"\\ninputs = ["f"]\\n'
+        load_string(base + 'warehouse = "w"\\ncolumns = { status = "int" }\\npartition_by = ["hour(time)", "bucket(4, tag)"]\\n')
+        try:
+            load_string(base + 'warehouse = "w"\\ncolumns = { Time = "int" }\\npartition_by = ["week(time)"]\\n')
+        except ConfigError as e:
+            text = "\\n".join(e.errors)
+            assert "sinks.i.columns: column 'Time' cannot be declared" in text, text
+            assert "sinks.i.partition_by[0]: time can be partitioned by" in text, text
+        else:
+            raise AssertionError("accepted")
+    """)
+    assert loaded["pyarrow"] is False and loaded["pyiceberg"] is False
+
+
+def test_the_supervisor_side_loads_none_of_them() -> None:
+    """What ``twistd logrouter`` imports to run the supervisor, and its config check."""
+    loaded = loaded_after(f"""
+        import logrouter.tap
+        import logrouter.workers.supervisor
+        from logrouter.config.load import load_string
+        load_string({FORWARD_TO_LAKE!r})
+    """)
+    assert not any(loaded.values()), loaded
+
+
+def test_a_controller_listen_address_is_checked_without_grpc() -> None:
+    loaded = loaded_after("""
+        from logrouter.config.load import load_string
+        try:
+            load_string('[sources.p]\\ntype = "pravega"\\nlisten = "tcp:0"\\ncontroller_listen = "ssl:0:privateKey=/nonexistent.pem"\\n'
+                        '[sinks.s]\\ntype = "blackhole"\\ninputs = ["p"]\\n')
+        except Exception as e:
+            assert "privateKey /nonexistent.pem" in str(e), e
+        else:
+            raise AssertionError("accepted a missing key file")
+    """)
+    assert loaded["grpc"] is False
+
+
+def test_lazy_loads_the_module_on_first_use() -> None:
+    loaded = loaded_after("""
+        import sys
+        from logrouter.lazy_import import lazy
+        zmq = lazy("zmq")
+        assert "zmq" not in sys.modules
+        assert zmq.SUB == 2  # the first attribute read imports the module
+        import zmq as imported
+        assert zmq.Context is imported.Context and zmq.Again is imported.Again
+    """)
+    assert loaded["zmq"] is True
+
+
+def test_lazy_of_a_missing_module_raises_at_once() -> None:
+    from logrouter.lazy_import import lazy
+
+    try:
+        lazy("logrouter_no_such_module")
+    except ModuleNotFoundError as e:
+        assert e.name == "logrouter_no_such_module"
+    else:
+        raise AssertionError("no error")
+
+
+def test_lazy_is_loaded_once_whichever_threads_read_it_first() -> None:
+    loaded = loaded_after("""
+        import threading
+        from logrouter.lazy_import import lazy
+        zmq = lazy("zmq")
+        start = threading.Barrier(8)
+        seen = []
+        def read():
+            start.wait(10)
+            seen.append(zmq.Context)
+        threads = [threading.Thread(target=read) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        import zmq as imported
+        assert seen == [imported.Context] * 8, seen
+    """)
+    assert loaded["zmq"] is True
