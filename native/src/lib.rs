@@ -13,6 +13,7 @@ use pyo3::types::{PyBytes, PyList, PyTuple};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 pub mod columns;
+pub mod frame;
 pub mod json;
 pub mod reader;
 
@@ -28,16 +29,34 @@ fn bytes_of<T: Copy>(values: &[T]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(values.as_ptr() as *const u8, std::mem::size_of_val(values)) }
 }
 
-/// `scan(blob, now)`: None if the entries blob is outside the native subset (or
-/// malformed); else `(entries, needs_now, [(hour bucket, entries), ...])`, the buckets
-/// in order of first appearance. Time-0 entries take `now`; with `now` None they only
-/// set `needs_now` and are left out of the buckets.
+/// `scan(blob, now, stop=None)`: None if the entries blob (its first `stop` bytes, if
+/// given) is outside the native subset (or malformed); else `(entries, needs_now,
+/// [(hour bucket, entries), ...])`, the buckets in order of first appearance. Time-0
+/// entries take `now`; with `now` None they only set `needs_now` and are left out of
+/// the buckets.
 #[pyfunction]
-#[pyo3(signature = (blob, now=None))]
-fn scan(py: Python<'_>, blob: &Bound<'_, PyBytes>, now: Option<i64>) -> PyResult<Option<(usize, bool, Vec<(i64, usize)>)>> {
+#[pyo3(signature = (blob, now=None, stop=None))]
+fn scan(
+    py: Python<'_>,
+    blob: &Bound<'_, PyBytes>,
+    now: Option<i64>,
+    stop: Option<usize>,
+) -> PyResult<Option<(usize, bool, Vec<(i64, usize)>)>> {
     let data = blob.as_bytes();
+    let data = &data[..stop.unwrap_or(data.len()).min(data.len())];
     let found = guarded(py, || reader::scan(data, now))?;
     Ok(found.ok().map(|s| (s.entries, s.needs_now, s.buckets)))
+}
+
+/// `frame(blob)`: `(end, tell)` for the start of a stream of entries: where its last
+/// complete entry ends (0: none yet) and where msgpack's streaming unpacker would stand
+/// after all of it (`frame::frame`); None at a byte msgpack refuses.
+#[pyfunction]
+#[pyo3(name = "frame")]
+fn frame_entries(py: Python<'_>, blob: &Bound<'_, PyBytes>) -> PyResult<Option<(usize, usize)>> {
+    let data = blob.as_bytes();
+    let found = guarded(py, || frame::frame(data))?;
+    Ok(found.map(|f| (f.end, f.tell)))
 }
 
 fn column_tuple<'py>(py: Python<'py>, column: &columns::Column) -> PyResult<Bound<'py, PyTuple>> {
@@ -99,6 +118,7 @@ fn build<'py>(
 #[pymodule]
 fn logrouter_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(scan, m)?)?;
+    m.add_function(wrap_pyfunction!(frame_entries, m)?)?;
     m.add_function(wrap_pyfunction!(build, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
