@@ -77,6 +77,8 @@ def blob_parts(
 
     Inflating twice (once to check, once to build) costs far less than building the
     events: zlib runs without the GIL, and it keeps a bad message from yielding parts.
+    The check is the native framer's where it can tell the blob is good (``_checked``),
+    else ``check_entries``.
     A part ends after the step of input at which the unpacker has read ``part_bytes``
     since the last one ended, and holds the entries that step completed.
 
@@ -90,13 +92,32 @@ def blob_parts(
     if type(blob) is str:
         blob = blob.encode("utf-8", "surrogateescape")  # str32 from out_forward
     limit = len(blob) if compressed is None or compressed == "text" else max_decompressed
-    yield from check_entries(inflated_pieces(blob, compressed, limit), limit)
+    checked = native is not None and (yield from _checked(inflated_pieces(blob, compressed, limit), native, carry_limit))
+    if not checked:
+        yield from check_entries(inflated_pieces(blob, compressed, limit), limit)
     parts = _Parts(tag, chunk, options, size_bytes, now_ns, part_bytes, limit)
     steps = _steps(inflated_pieces(blob, compressed, limit), min(part_bytes, DECOMPRESS_STEP_BYTES))
     if native is not None:
         yield from parts.packed(steps, native, carry_limit)
     else:
         yield from parts.unpacked(steps, 0, [])
+
+
+def _checked(pieces: Iterator[Any], native: Any, carry_limit: int) -> Iterator[None]:
+    """``check_entries``' pass, by the native framer: True if the entries are all pairs
+    and end cleanly, so ``check_entries`` would find nothing; False (after as much of
+    the blob as it read) if it cannot say, and ``check_entries`` must. What inflating
+    raises is what ``check_entries`` would raise for it: its pieces are the same."""
+    frame = native.frame
+    carry = b""
+    for piece in pieces:
+        data = carry + piece if carry else bytes(piece)
+        framed = frame(data)
+        if framed is None or len(data) - framed[0] > carry_limit:
+            return False
+        carry = data[framed[0]:]
+        yield None
+    return not carry
 
 
 def _steps(pieces: Iterator[Any], step: int) -> Iterator[Any]:

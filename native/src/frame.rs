@@ -9,8 +9,7 @@
 //! unpacker consumes a value's head byte at once, but a fixed-size trail (a length
 //! field, a number, a str/bin/ext body) only once all of its bytes are there.
 //!
-//! It walks iteratively (no recursion, whatever the nesting) and reads nothing past the
-//! buffer; the only input it refuses is a byte msgpack never uses (0xc1).
+//! It walks iteratively (no recursion) and reads nothing past the buffer.
 
 /// What `frame` found: `end`, the end of the last complete entry (0: none), and `tell`,
 /// where the unpacker would stand after all of the bytes.
@@ -95,21 +94,46 @@ fn token(buf: &[u8], pos: usize) -> Result<Option<(usize, u64)>, usize> {
     }))
 }
 
-/// Walk the top-level values (entries) of `buf`; None at a byte msgpack refuses.
+/// Containers nested deeper than this (non-empty ones, as msgpack's unpacker counts
+/// them) are left to the Python path.
+pub const MAX_NESTING: usize = 64;
+
+/// Walk the top-level values (entries) of `buf`. None at a byte msgpack refuses, at an
+/// entry whose first byte is no array head that can hold a pair (`0x92`, array16,
+/// array32: anything else is no event, and the bomb rule counts it) or at nesting
+/// deeper than `MAX_NESTING`: the caller's Python path says what it is.
 pub fn frame(buf: &[u8]) -> Option<Framed> {
     let mut pos = 0;
     let mut end = 0;
-    let mut left: u64 = 0; // values still to read in the entry being walked
+    // Values still to read in each open (non-empty) container of the entry being walked.
+    let mut open = [0u64; MAX_NESTING];
+    let mut depth = 0;
     while pos < buf.len() {
-        if left == 0 {
-            left = 1;
+        if depth == 0 && !matches!(buf[pos], 0x92 | 0xdc | 0xdd) {
+            return None;
         }
         match token(buf, pos) {
             Ok(Some((next, held))) => {
                 pos = next;
-                left = (left - 1).saturating_add(held);
-                if left == 0 {
-                    end = pos;
+                if held > 0 {
+                    if depth == MAX_NESTING {
+                        return None;
+                    }
+                    open[depth] = held;
+                    depth += 1;
+                    continue;
+                }
+                // A value complete: so may be the containers it ends.
+                loop {
+                    if depth == 0 {
+                        end = pos;
+                        break;
+                    }
+                    open[depth - 1] -= 1;
+                    if open[depth - 1] > 0 {
+                        break;
+                    }
+                    depth -= 1;
                 }
             }
             Ok(None) => return None,
@@ -134,7 +158,12 @@ mod tests {
         assert_eq!(frame(&buf), Some(Framed { end: 16, tell: 20 }));
         buf.truncate(19); // the str8's length byte is missing
         assert_eq!(frame(&buf), Some(Framed { end: 16, tell: 19 }));
-        assert_eq!(frame(&[0xc1]), None);
+        assert_eq!(frame(&[0x92, 0xc1]), None);
+        assert_eq!(frame(&[0x01]), None); // no pair
         assert_eq!(frame(&[0xdd, 0xff, 0xff, 0xff, 0xff]), Some(Framed { end: 0, tell: 5 }));
+        assert_eq!(frame(&[0x92, 0x90, 0x80]), Some(Framed { end: 3, tell: 3 })); // empty containers
+        let mut deep = vec![0x92];
+        deep.extend(std::iter::repeat(0x91).take(MAX_NESTING));
+        assert_eq!(frame(&deep), None);
     }
 }

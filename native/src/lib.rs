@@ -50,7 +50,8 @@ fn scan(
 
 /// `frame(blob)`: `(end, tell)` for the start of a stream of entries: where its last
 /// complete entry ends (0: none yet) and where msgpack's streaming unpacker would stand
-/// after all of it (`frame::frame`); None at a byte msgpack refuses.
+/// after all of it (`frame::frame`); None at a byte msgpack refuses, an entry that is
+/// no pair, or deep nesting (the Python path says what it is).
 #[pyfunction]
 #[pyo3(name = "frame")]
 fn frame_entries(py: Python<'_>, blob: &Bound<'_, PyBytes>) -> PyResult<Option<(usize, usize)>> {

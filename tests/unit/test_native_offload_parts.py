@@ -83,9 +83,16 @@ def shape(parts) -> list:
     part_bytes=st.integers(1, 4000),
     carry_limit=st.integers(1, 5000),
     compressed=st.sampled_from([None, "gzip"]),
+    damage=st.sampled_from([None] * 4 + ["cut", "0xc1", "deep", "huge array"]),
+    where=st.floats(0, 1),
 )
-def test_native_parts_are_the_python_parts(entries, part_bytes, carry_limit, compressed):
+def test_native_parts_are_the_python_parts(entries, part_bytes, carry_limit, compressed, damage, where):
     blob = b"".join(entries)
+    at = int(len(blob) * where)
+    if damage == "cut":
+        blob = blob[:at]
+    elif damage is not None:
+        blob = blob[:at] + {"0xc1": b"\xc1", "deep": b"\x92" + b"\x91" * 1100 + b"\xc0", "huge array": b"\xdd\xff\xff\xff\x00"}[damage] + blob[at:]
     if compressed == "gzip":
         blob = gzip.compress(blob)
     reference, error = parts_of(blob, compressed, part_bytes, None)
@@ -119,7 +126,8 @@ def test_a_bomb_after_packed_parts_is_refused_as_in_python():
 @fuzz_settings()
 @given(entries=st.lists(entry(), max_size=8), data=st.data())
 def test_frame_stands_where_the_unpacker_stands(entries, data):
-    blob = b"".join(entry for entry in entries if b"\xc7\x03\xff" not in entry)  # no Timestamp msgpack refuses
+    # Pairs only (frame leaves anything else to Python), no Timestamp msgpack refuses.
+    blob = b"".join(entry for entry in entries if entry[0] == 0x92 and b"\xc7\x03\xff" not in entry)
     cut = data.draw(st.integers(0, len(blob)))
     unpacker = msgpack.Unpacker(raw=True, strict_map_key=False, max_buffer_size=LIMIT)
     unpacker.feed(blob[:cut])
@@ -127,4 +135,5 @@ def test_frame_stands_where_the_unpacker_stands(entries, data):
     for _ in unpacker:
         ends.append(unpacker.tell())
     assert NATIVE.frame(blob[:cut]) == (ends[-1], unpacker.tell())
-    assert NATIVE.frame(b"\xc1") is None
+    assert NATIVE.frame(b"\x92\xc1") is None
+    assert NATIVE.frame(blob + b"\x07") is None  # an entry that is no pair
