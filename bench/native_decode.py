@@ -111,10 +111,13 @@ def lake_python(entries: list[bytes]) -> int:
     return TableBuilder(schema, types).build(events, inferred).num_rows
 
 
-def lake_native(entries: list[bytes]) -> int:
+def lake_native(entries: list[bytes], checked: bool = True) -> int:
     pending = PendingRows()
     for blob in entries:
-        pending.extend(lazy_events(blob, None))
+        events = lazy_events(blob, None)
+        if not checked:  # as before PackedEvents.checked: the build checks the bytes again
+            events = PackedEvents(events.entries, events.now, events.buckets)
+        pending.extend(events)
     types = ColumnTypes()
     schema = file_schema_of(types, pending, {})
     return build_table(TableBuilder(schema, types), pending).num_rows
@@ -167,6 +170,9 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=1000, help="events per message")
     parser.add_argument("--rounds", type=int, default=5, help="row groups per timed run")
     parser.add_argument("--repeats", type=int, default=7, help="timed runs of each path, alternating")
+    parser.add_argument("--versus", choices=("python", "unchecked"), default="python",
+                        help="the path the native one is compared with (reported as 'python'); unchecked "
+                        "(--stage lake): the native build checking the scanned bytes again, as before")
     args = parser.parse_args()
     if NATIVE is None:
         sys.exit(f"the native extension is not here: {describe()}")
@@ -182,6 +188,8 @@ def main() -> None:
         native_path = lambda messages: offload(messages, True)  # noqa: E731
     else:
         python_path, native_path = lake_python, lake_native
+        if args.versus == "unchecked":
+            python_path = lambda entries: lake_native(entries, False)  # noqa: E731
     assert python_path(entries) == native_path(entries) == args.blobs * args.events
     print(f"{args.stage}, {args.shape}: {args.blobs} x {args.events} events per round, {size:.0f} bytes of msgpack "
           f"per event; {args.rounds} rounds per run, {args.repeats} runs of each path, alternating")

@@ -205,7 +205,7 @@ class _Parts:
         if not chunks:
             return self.message([], 0)
         entries = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-        events = PackedEvents(entries, now, tuple(buckets.items()))
+        events = PackedEvents(entries, now, tuple(buckets.items()), checked=True)  # every chunk was scanned
         self.tally.valid += len(events)
         return self.message(events, 0, (entries, now))
 

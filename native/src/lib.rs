@@ -80,13 +80,18 @@ fn column_tuple<'py>(py: Python<'py>, column: &columns::Column) -> PyResult<Boun
 /// offsets or None)`, and every field met in order of first appearance as `(name,
 /// first scalar type code or 0, whether a float followed a first int)`. With
 /// `build=False` only `rows`, `times` and `fields` are filled.
+///
+/// `checked=True` says every piece's blob got a result from `scan` (in this process):
+/// its strings, keys and nesting are then not checked again. Never pass it for bytes
+/// that were not scanned.
 #[pyfunction]
-#[pyo3(signature = (pieces, schema, build=true))]
+#[pyo3(signature = (pieces, schema, build=true, checked=false))]
 fn build<'py>(
     py: Python<'py>,
     pieces: Vec<(Bound<'py, PyBytes>, Option<i64>, Option<i64>, usize, usize)>,
     schema: Vec<(String, u8)>,
     build: bool,
+    checked: bool,
 ) -> PyResult<Option<Bound<'py, PyTuple>>> {
     let parts: Vec<columns::Piece> =
         pieces.iter().map(|(blob, now, bucket, start, stop)| columns::Piece {
@@ -95,6 +100,7 @@ fn build<'py>(
         bucket: *bucket,
         start: *start,
         stop: *stop,
+        checked,
     }).collect();
     let names: Vec<(&[u8], u8)> = schema.iter().map(|(name, kind)| (name.as_bytes(), *kind)).collect();
     let out = match guarded(py, || columns::run(&parts, &names, build))? {
