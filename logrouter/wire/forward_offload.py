@@ -107,7 +107,8 @@ def _checked(pieces: Iterator[Any], native: Any, carry_limit: int) -> Iterator[N
     """``check_entries``' pass, by the native framer: True if the entries are all pairs
     and end cleanly, so ``check_entries`` would find nothing; False (after as much of
     the blob as it read) if it cannot say, and ``check_entries`` must. What inflating
-    raises is what ``check_entries`` would raise for it: its pieces are the same."""
+    raises is what ``check_entries`` would raise for it: its pieces are the same, and
+    it frames as the framer does (msgpack's ``skip`` checks no declared length)."""
     frame = native.frame
     carry = b""
     for piece in pieces:

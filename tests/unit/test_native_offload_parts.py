@@ -116,6 +116,20 @@ def test_usual_entries_stay_packed_in_parts():
     assert [len(part.events) for part in parts] == [len(p.events) for p in parts_of(gzip.compress(entries), "gzip", 20_000, None)[0]]
 
 
+def test_a_huge_declared_length_then_an_inflate_limit_is_reported_as_in_python():
+    # An array32 of 2**32-1 entries: the framer and the check's msgpack skip both wait
+    # for the entries, and the gzip inflates past the limit before they could come.
+    blob = gzip.compress(msgpack.packb([_event_time(1_700_000_000, 0), {"a": 1}]) + b"\xdd\xff\xff\xff\xff" + bytes(1 << 21))
+    steps = [blob_parts("tag", blob, "gzip", None, {}, len(blob), 1 << 20, lambda: NOW, 1 << 20, native=native)
+             for native in (None, NATIVE)]
+    reasons = []
+    for parts in steps:
+        with pytest.raises(ForwardDecodeError) as caught:
+            list(parts)
+        reasons.append(caught.value.reason)
+    assert reasons[0] == reasons[1] == "decompressed entries exceed max_decompressed_bytes (1048576)"
+
+
 def test_a_bomb_after_packed_parts_is_refused_as_in_python():
     good = b"".join(msgpack.packb([_event_time(1_700_000_000, 0), {"i": i}]) for i in range(200))
     bad = msgpack.packb([1, "x"]) * 5000  # pairs, so check_entries lets them by: the parts' rule refuses
