@@ -92,8 +92,8 @@ def blob_parts(
     if type(blob) is str:
         blob = blob.encode("utf-8", "surrogateescape")  # str32 from out_forward
     limit = len(blob) if compressed is None or compressed == "text" else max_decompressed
-    checked = native is not None and (yield from _checked(inflated_pieces(blob, compressed, limit), native, carry_limit))
-    if not checked:
+    pieces = inflated_pieces(blob, compressed, limit)
+    if native is None or not (yield from _checked(pieces, native, carry_limit)):
         yield from check_entries(inflated_pieces(blob, compressed, limit), limit)
     parts = _Parts(tag, chunk, options, size_bytes, now_ns, part_bytes, limit)
     steps = _steps(inflated_pieces(blob, compressed, limit), min(part_bytes, DECOMPRESS_STEP_BYTES))
@@ -223,7 +223,8 @@ class _Parts:
         invalid = 0
         fed = offset
         step = min(self.part_bytes, DECOMPRESS_STEP_BYTES)
-        replayed = [view[start : start + step] for view in map(memoryview, replay) for start in range(0, len(view), step)]
+        replayed = [view[start : start + step]
+                    for view in map(memoryview, replay) for start in range(0, len(view), step)]
         for index, piece in enumerate(itertools.chain(replayed, steps)):
             unpacker.feed(piece)
             try:
