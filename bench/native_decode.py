@@ -10,6 +10,11 @@ of ``--events`` events each (one row group):
   it, nothing is built), then schema and table straight from the bytes
   (``native_table.file_schema_of`` and ``build_table``).
 
+With ``--stage offload`` it times what the source's worker threads do with one
+CompressedPackedForward message of all the blobs (past ``offload_bytes``): its parts
+(``forward_offload.blob_parts``: inflated and checked, then each part decoded in Python,
+or framed, checked and kept packed by the extension).
+
 With ``--stage arrival`` it times instead what the reactor does with those messages as
 they arrive, up to the batch the source hands on: ``ForwardDecoder.feed`` of each framed
 PackedForward message (framing, then the events: decoded in Python, or checked and
@@ -28,12 +33,14 @@ sender would forward them.
     .venv/bin/python bench/native_decode.py --shape flat --repeats 7
     .venv/bin/python bench/native_decode.py --shape filebeat --repeats 7
     .venv/bin/python bench/native_decode.py --stage arrival --shape flat
+    .venv/bin/python bench/native_decode.py --stage offload --shape flat --blobs 40
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import gzip
 import statistics
 import struct
 import sys
@@ -51,6 +58,8 @@ from logrouter.native import NATIVE, describe  # noqa: E402
 from logrouter.wire import forward_lazy  # noqa: E402
 from logrouter.wire.fluent_forward import ForwardDecoder, decode_entries  # noqa: E402
 from logrouter.wire.forward_lazy import PackedEvents, lazy_events  # noqa: E402
+from logrouter.wire.forward_messages import DEFAULT_PART_BYTES  # noqa: E402
+from logrouter.wire.forward_offload import blob_parts  # noqa: E402
 
 T0 = 1_764_000_000
 
@@ -102,10 +111,13 @@ def lake_python(entries: list[bytes]) -> int:
     return TableBuilder(schema, types).build(events, inferred).num_rows
 
 
-def lake_native(entries: list[bytes]) -> int:
+def lake_native(entries: list[bytes], checked: bool = True) -> int:
     pending = PendingRows()
     for blob in entries:
-        pending.extend(lazy_events(blob, None))
+        events = lazy_events(blob, None)
+        if not checked:  # as before PackedEvents.checked: the build checks the bytes again
+            events = PackedEvents(events.entries, events.now, events.buckets)
+        pending.extend(events)
     types = ColumnTypes()
     schema = file_schema_of(types, pending, {})
     return build_table(TableBuilder(schema, types), pending).num_rows
@@ -124,6 +136,20 @@ def arrival(messages: list[bytes], native: bool) -> int:
     return count
 
 
+def offload(messages: list[bytes], native: bool) -> int:
+    """What the source's worker threads do with a message past ``offload_bytes``: its
+    parts (``forward_offload.blob_parts``: inflate and check, then each part decoded
+    in Python, or framed, checked and kept packed by the extension)."""
+    count = 0
+    for blob in messages:
+        for part in blob_parts("app", blob, "gzip", b"c", {}, len(blob), 1 << 30, time.time_ns,
+                               DEFAULT_PART_BYTES, native=NATIVE if native else None):
+            if part is not None:
+                assert (type(part.events) is PackedEvents) is native or not part.events
+                count += len(part.events)
+    return count
+
+
 def timed(path, entries: list[bytes], rounds: int) -> float:
     """CPU seconds per million events of ``rounds`` runs of ``path``, freeing included."""
     gc.collect()
@@ -136,13 +162,17 @@ def timed(path, entries: list[bytes], rounds: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--stage", choices=("lake", "arrival"), default="lake",
-                        help="lake: entries into a row group; arrival: framed messages into events")
+    parser.add_argument("--stage", choices=("lake", "arrival", "offload"), default="lake",
+                        help="lake: entries into a row group; arrival: framed messages into events; "
+                        "offload: one gzip message of all the blobs into parts")
     parser.add_argument("--shape", choices=("flat", "filebeat"), default="flat")
     parser.add_argument("--blobs", type=int, default=10, help="PackedForward messages per row group")
     parser.add_argument("--events", type=int, default=1000, help="events per message")
     parser.add_argument("--rounds", type=int, default=5, help="row groups per timed run")
     parser.add_argument("--repeats", type=int, default=7, help="timed runs of each path, alternating")
+    parser.add_argument("--versus", choices=("python", "unchecked"), default="python",
+                        help="the path the native one is compared with (reported as 'python'); unchecked "
+                        "(--stage lake): the native build checking the scanned bytes again, as before")
     args = parser.parse_args()
     if NATIVE is None:
         sys.exit(f"the native extension is not here: {describe()}")
@@ -152,8 +182,14 @@ def main() -> None:
         entries = [msgpack.packb(["app", blob, {"chunk": "c%d" % i}], use_bin_type=True) for i, blob in enumerate(entries)]
         python_path = lambda messages: arrival(messages, False)  # noqa: E731
         native_path = lambda messages: arrival(messages, True)  # noqa: E731
+    elif args.stage == "offload":
+        entries = [gzip.compress(b"".join(entries), 1)]
+        python_path = lambda messages: offload(messages, False)  # noqa: E731
+        native_path = lambda messages: offload(messages, True)  # noqa: E731
     else:
         python_path, native_path = lake_python, lake_native
+        if args.versus == "unchecked":
+            python_path = lambda entries: lake_native(entries, False)  # noqa: E731
     assert python_path(entries) == native_path(entries) == args.blobs * args.events
     print(f"{args.stage}, {args.shape}: {args.blobs} x {args.events} events per round, {size:.0f} bytes of msgpack "
           f"per event; {args.rounds} rounds per run, {args.repeats} runs of each path, alternating")

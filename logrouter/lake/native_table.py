@@ -92,8 +92,10 @@ class PendingRows:
 
 
 def _run(parts: list[PackedEvents], columns: list[tuple[str, int]], build: bool) -> Any:
+    # Blobs the extension scanned already are not checked again (PackedEvents.checked).
+    checked = all(part.checked for part in parts)
     try:
-        return NATIVE.build([part.piece() for part in parts], columns, build)  # type: ignore[union-attr]
+        return NATIVE.build([part.piece() for part in parts], columns, build, checked)  # type: ignore[union-attr]
     except Exception:  # noqa: BLE001 - a bug in the extension: the Python path is the reference
         return None
 

@@ -223,6 +223,7 @@ class ForwardProtocol(StreamProtocol):
             self.busy = defer.Deferred()
             self.pending.add(self.busy)
         offload = self.offload = Offload()
+        offload.tag = message.tag or ""  # for the log if it is abandoned before its first part
         self.source.offloaded_messages += 1
         steps = message.steps(self.source.options["offload_part_bytes"])
         offload.run = IteratorRun(self.source.offload_pool, steps, lambda part: self.take_part(offload, part))
@@ -241,7 +242,10 @@ class ForwardProtocol(StreamProtocol):
         if part.events:
             offload.unacked += 1
             self.source.offloaded_parts += 1
-            self.submit(Batch(part.tag, part.events), lambda: self.part_durable(offload), part_key(part.chunk, index))
+            # A part kept packed (the native extension) is stored as its entries, as a whole message is.
+            packed = None if part.packed is None else (FORWARD_ENTRIES, *part.packed)
+            batch = Batch(part.tag, part.events, packed=packed)
+            self.submit(batch, lambda: self.part_durable(offload), part_key(part.chunk, index))
         return self.wait_for_room(offload)
 
     def has_room(self, offload: Offload) -> bool:

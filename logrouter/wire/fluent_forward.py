@@ -203,7 +203,7 @@ class ForwardDecoder:
         if carrier_kind is list:
             if self.offload_bytes is not None and size > self.offload_bytes:
                 return DeferredMessage(
-                    size, functools.partial(list_parts, tag, carrier, chunk, options, size, self._now_ns)
+                    size, functools.partial(list_parts, tag, carrier, chunk, options, size, self._now_ns), tag
                 )
             events, invalid = collect_events(carrier, self._now_ns)
         elif options_index == 2:
@@ -219,7 +219,7 @@ class ForwardDecoder:
         limit = self.max_decompressed_bytes
         offload = self.offload_bytes
         deferred = DeferredMessage(
-            size, functools.partial(blob_parts, tag, blob, compressed, chunk, options, size, limit, self._now_ns)
+            size, functools.partial(blob_parts, tag, blob, compressed, chunk, options, size, limit, self._now_ns), tag
         )
         if type(blob) is str and (offload is None or len(blob) <= offload):
             # str32 from out_forward (the framer makes most of them bin). Its UTF-8 bytes

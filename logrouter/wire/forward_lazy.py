@@ -35,7 +35,7 @@ class PackedEvents(Sequence):
     threads like any batch's events (a decode two threads race for gives both the same).
     """
 
-    __slots__ = ("entries", "now", "bucket", "start", "stop", "buckets", "_events")
+    __slots__ = ("entries", "now", "bucket", "start", "stop", "buckets", "checked", "_events")
 
     def __init__(
         self,
@@ -45,8 +45,13 @@ class PackedEvents(Sequence):
         bucket: int | None = None,
         start: int = 0,
         stop: int | None = None,
+        *,
+        checked: bool = False,
     ) -> None:
         self.entries = entries
+        #: The extension's ``scan`` took ``entries`` (in this process): its build need not
+        #: check them again. Only this module's makers, which scanned them, set it.
+        self.checked = checked
         self.now = now
         #: ``(hour bucket, entries)`` of the whole blob, in order of first appearance.
         self.buckets = buckets
@@ -85,7 +90,8 @@ class PackedEvents(Sequence):
             return [(self.bucket if self.bucket is not None else self.buckets[0][0], self)]
         if self.start or self.stop != sum(count for _, count in self.buckets):
             return _group(self.events())  # a slice across hours (the lake never makes one)
-        return [(bucket, PackedEvents(self.entries, self.now, self.buckets, bucket)) for bucket, _ in self.buckets]
+        return [(bucket, PackedEvents(self.entries, self.now, self.buckets, bucket, checked=self.checked))
+                for bucket, _ in self.buckets]
 
     def __len__(self) -> int:
         return self.stop - self.start
@@ -98,7 +104,7 @@ class PackedEvents(Sequence):
             start, stop, step = index.indices(len(self))
             if step == 1:
                 return PackedEvents(self.entries, self.now, self.buckets, self.bucket,
-                                    self.start + start, self.start + max(start, stop))
+                                    self.start + start, self.start + max(start, stop), checked=self.checked)
         return self.events()[index]
 
     def __eq__(self, other: object) -> bool:
@@ -136,7 +142,7 @@ def lazy_events(entries: bytes, now: int | None) -> PackedEvents | None:
     count, needs_now, buckets = found
     if needs_now and now is None:
         return None
-    return PackedEvents(entries, now, tuple(buckets))
+    return PackedEvents(entries, now, tuple(buckets), checked=True)
 
 
 def kept_or_decoded(
@@ -156,5 +162,5 @@ def kept_or_decoded(
         except Exception:  # noqa: BLE001 - a bug in the extension: the Python path is the reference
             found = None
         if found is not None:
-            return PackedEvents(blob, now, tuple(found[2])), 0
+            return PackedEvents(blob, now, tuple(found[2]), checked=True), 0
     return decode(blob, now_ns)

@@ -63,14 +63,19 @@ class DeferredMessage:
     when its entries are not even pairs, else once the parts have looked at its entries.
 
     ``steps()`` is ``parts()`` with ``None`` between bounded steps of work (an inflated
-    piece or step of at most 1 MiB, a JSON parse, 65536 parsed entries): a scheduler
+    piece or step of at most 1 MiB, a JSON parse, 65536 parsed entries, a part's packed
+    entries joined and handed out): a scheduler
     takes turns between messages there, and a stop can leave a message there.
     """
 
-    __slots__ = ("size_bytes", "_produce")
+    __slots__ = ("size_bytes", "tag", "_produce")
 
-    def __init__(self, size_bytes: int, produce: Callable[[int], Iterator[EventMessage | None]]) -> None:
+    def __init__(
+        self, size_bytes: int, produce: Callable[[int], Iterator[EventMessage | None]], tag: str | None = None
+    ) -> None:
         self.size_bytes = size_bytes
+        #: The message's tag where framing it read it already (not for a JSON text, parsed later).
+        self.tag = tag
         self._produce = produce
 
     def steps(self, part_bytes: int = DEFAULT_PART_BYTES) -> Iterator[EventMessage | None]:

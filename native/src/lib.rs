@@ -13,6 +13,7 @@ use pyo3::types::{PyBytes, PyList, PyTuple};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 pub mod columns;
+pub mod frame;
 pub mod json;
 pub mod reader;
 
@@ -28,16 +29,35 @@ fn bytes_of<T: Copy>(values: &[T]) -> &[u8] {
     unsafe { std::slice::from_raw_parts(values.as_ptr() as *const u8, std::mem::size_of_val(values)) }
 }
 
-/// `scan(blob, now)`: None if the entries blob is outside the native subset (or
-/// malformed); else `(entries, needs_now, [(hour bucket, entries), ...])`, the buckets
-/// in order of first appearance. Time-0 entries take `now`; with `now` None they only
-/// set `needs_now` and are left out of the buckets.
+/// `scan(blob, now, stop=None)`: None if the entries blob (its first `stop` bytes, if
+/// given) is outside the native subset (or malformed); else `(entries, needs_now,
+/// [(hour bucket, entries), ...])`, the buckets in order of first appearance. Time-0
+/// entries take `now`; with `now` None they only set `needs_now` and are left out of
+/// the buckets.
 #[pyfunction]
-#[pyo3(signature = (blob, now=None))]
-fn scan(py: Python<'_>, blob: &Bound<'_, PyBytes>, now: Option<i64>) -> PyResult<Option<(usize, bool, Vec<(i64, usize)>)>> {
+#[pyo3(signature = (blob, now=None, stop=None))]
+fn scan(
+    py: Python<'_>,
+    blob: &Bound<'_, PyBytes>,
+    now: Option<i64>,
+    stop: Option<usize>,
+) -> PyResult<Option<(usize, bool, Vec<(i64, usize)>)>> {
     let data = blob.as_bytes();
+    let data = &data[..stop.unwrap_or(data.len()).min(data.len())];
     let found = guarded(py, || reader::scan(data, now))?;
     Ok(found.ok().map(|s| (s.entries, s.needs_now, s.buckets)))
+}
+
+/// `frame(blob)`: `(end, tell)` for the start of a stream of entries: where its last
+/// complete entry ends (0: none yet) and where msgpack's streaming unpacker would stand
+/// after all of it (`frame::frame`); None at a byte msgpack refuses, an entry that is
+/// no pair, or deep nesting (the Python path says what it is).
+#[pyfunction]
+#[pyo3(name = "frame")]
+fn frame_entries(py: Python<'_>, blob: &Bound<'_, PyBytes>) -> PyResult<Option<(usize, usize)>> {
+    let data = blob.as_bytes();
+    let found = guarded(py, || frame::frame(data))?;
+    Ok(found.map(|f| (f.end, f.tell)))
 }
 
 fn column_tuple<'py>(py: Python<'py>, column: &columns::Column) -> PyResult<Bound<'py, PyTuple>> {
@@ -60,13 +80,18 @@ fn column_tuple<'py>(py: Python<'py>, column: &columns::Column) -> PyResult<Boun
 /// offsets or None)`, and every field met in order of first appearance as `(name,
 /// first scalar type code or 0, whether a float followed a first int)`. With
 /// `build=False` only `rows`, `times` and `fields` are filled.
+///
+/// `checked=True` says every piece's blob got a result from `scan` (in this process):
+/// its strings, keys and nesting are then not checked again. Never pass it for bytes
+/// that were not scanned.
 #[pyfunction]
-#[pyo3(signature = (pieces, schema, build=true))]
+#[pyo3(signature = (pieces, schema, build=true, checked=false))]
 fn build<'py>(
     py: Python<'py>,
     pieces: Vec<(Bound<'py, PyBytes>, Option<i64>, Option<i64>, usize, usize)>,
     schema: Vec<(String, u8)>,
     build: bool,
+    checked: bool,
 ) -> PyResult<Option<Bound<'py, PyTuple>>> {
     let parts: Vec<columns::Piece> =
         pieces.iter().map(|(blob, now, bucket, start, stop)| columns::Piece {
@@ -75,6 +100,7 @@ fn build<'py>(
         bucket: *bucket,
         start: *start,
         stop: *stop,
+        checked,
     }).collect();
     let names: Vec<(&[u8], u8)> = schema.iter().map(|(name, kind)| (name.as_bytes(), *kind)).collect();
     let out = match guarded(py, || columns::run(&parts, &names, build))? {
@@ -99,6 +125,7 @@ fn build<'py>(
 #[pymodule]
 fn logrouter_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(scan, m)?)?;
+    m.add_function(wrap_pyfunction!(frame_entries, m)?)?;
     m.add_function(wrap_pyfunction!(build, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

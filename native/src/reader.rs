@@ -230,6 +230,20 @@ impl<'a> Reader<'a> {
         Ok(())
     }
 
+    /// Skip one value of a blob `scan` took already: nothing checked again.
+    pub fn skip_value(&mut self) -> R<()> {
+        let mut left: usize = 1;
+        while left > 0 {
+            left -= 1;
+            match self.head()? {
+                Head::Array(n) => left = left.checked_add(n).ok_or(Outside)?,
+                Head::Map(n) => left = left.checked_add(n.checked_mul(2).ok_or(Outside)?).ok_or(Outside)?,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
     /// Skip a map's `n` pairs (its head read), checking keys (str, once each) and values.
     pub fn check_map(&mut self, n: usize, depth: usize) -> R<()> {
         if n <= PAIRWISE_KEYS {

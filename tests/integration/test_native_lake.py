@@ -93,8 +93,8 @@ class Counting:
     def __getattr__(self, name):
         return getattr(NATIVE, name)
 
-    def build(self, pieces, schema, build=True):
-        found = NATIVE.build(pieces, schema, build)
+    def build(self, pieces, schema, build=True, checked=False):
+        found = NATIVE.build(pieces, schema, build, checked)
         self.built += found is not None and build
         return found
 

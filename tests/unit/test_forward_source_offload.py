@@ -23,7 +23,9 @@ from twisted.internet import defer
 from twisted.internet.address import IPv4Address
 from twisted.python.failure import Failure
 
-from logrouter.sources.fluent_forward import part_key
+from logrouter.native import NATIVE
+from logrouter.sources.fluent_forward import FORWARD_ENTRIES, part_key
+from logrouter.wire.forward_packed import decode_entries
 from logrouter.sources.offload import IteratorRun, OffloadPool
 from fixtures.forward_encode import encode_forward, encode_packed_forward
 from source_fakes import T0, FakePort, log_lines  # noqa: F401  (log_lines is a fixture)
@@ -153,6 +155,13 @@ def test_big_message_is_worked_on_in_parts_while_its_connection_waits():
     assert take(transport) == [{"ack": "big1"}, {"ack": "after1"}]
     assert transport.producerState == "producing" and proto.busy is None and not proto.pending
     assert source.size_mismatches == 0 and source.offloaded_parts == len(big_batches)
+    # With the native extension the parts stay packed and are stored as their entries.
+    if NATIVE is not None:
+        for batch in big_batches:
+            assert batch.packed is not None and batch.packed[0] == FORWARD_ENTRIES
+            assert decode_entries(*batch.packed[1:])[0] == list(batch.events)
+    else:
+        assert all(batch.packed is None for batch in big_batches)
 
 
 def test_part_keys():
@@ -298,6 +307,18 @@ def test_a_stop_abandons_a_message_not_finished_when_its_drain_ends(log_lines):
     assert stopped == [] and pool.stopped
     pool.step()
     assert stopped == [None] and pool.calls == [] and pool.running == 0 and len(router.batches) == 1
+
+
+def test_a_message_abandoned_before_its_first_part_is_logged_with_its_tag(log_lines):
+    source, router = offload_source()
+    proto, transport = connect(source)
+    proto.dataReceived(BIG)
+    source.offload_pool.step()  # the message is being checked: no part yet
+    source.port = FakePort(None)
+    source.stop()
+    source.reactor.advance(3)  # stop_drain_secs
+    assert router.batches == []
+    assert any("message of tag app.big was decoded in parts: abandoned after 0 part(s)" in line for line in log_lines)
 
 
 def test_a_store_failure_mid_message_closes_the_connection():

@@ -121,6 +121,21 @@ def test_the_time_column_is_written_without_a_dictionary(tmp_path):
     assert table.column("time").cast(pa.int64()).to_pylist() == [t // 1000 for t, _ in events(250)]
 
 
+def test_mostly_distinct_text_columns_are_written_without_a_dictionary(tmp_path):
+    writer = LakeWriter(str(tmp_path), "w1", 1 << 30, 60, row_group_rows=100)
+    # msg is distinct per row in the first row group, level repeats, seq is an int.
+    writer.write("a", events(250, level="info"), now=0)
+    [sealed] = writer.seal_all()
+    metadata = pq.ParquetFile(sealed.staging_path).metadata
+    names = metadata.schema.to_arrow_schema().names
+    for group in range(metadata.num_row_groups):
+        encodings = {names[i]: metadata.row_group(group).column(i).encodings for i in range(len(names))}
+        assert not any("DICTIONARY" in e for e in encodings["msg"]), encodings
+        assert any("DICTIONARY" in e for e in encodings["level"]), encodings
+        assert any("DICTIONARY" in e for e in encodings["seq"]), encodings
+    assert pq.read_table(sealed.staging_path).column("msg").to_pylist() == [r["msg"] for _, r in events(250)]
+
+
 def test_roll_by_size(tmp_path):
     root = str(tmp_path)
     writer = LakeWriter(root, "w1", roll_bytes=4000, roll_secs=3600, row_group_rows=50)
