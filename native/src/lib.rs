@@ -7,12 +7,13 @@
 //! reference, decodes it. No Arrow library is linked: the buffers go to pyarrow as
 //! bytes (`pyarrow.Array.from_buffers`). Python keeps the control plane.
 
-use pyo3::exceptions::PyRuntimeError;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 pub mod columns;
+pub mod edits;
 pub mod json;
 pub mod reader;
 
@@ -59,22 +60,27 @@ fn column_tuple<'py>(py: Python<'py>, column: &columns::Column) -> PyResult<Boun
 /// times' bytes, per column and for `_extra` `(null_count, validity or None, data,
 /// offsets or None)`, and every field met in order of first appearance as `(name,
 /// first scalar type code or 0, whether a float followed a first int)`. With
-/// `build=False` only `rows`, `times` and `fields` are filled.
+/// `build=False` only `rows`, `times` and `fields` are filled. `filtered`, one per
+/// piece where given, is what filters did to its rows (see `filtered`).
 #[pyfunction]
-#[pyo3(signature = (pieces, schema, build=true))]
+#[pyo3(signature = (pieces, schema, build=true, filtered=None))]
 fn build<'py>(
     py: Python<'py>,
     pieces: Vec<(Bound<'py, PyBytes>, Option<i64>, Option<i64>, usize, usize)>,
     schema: Vec<(String, u8)>,
     build: bool,
+    filtered: Option<Vec<Filtered<'py>>>,
 ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let (selections, edits) = unpack_filtered(filtered, pieces.len())?;
     let parts: Vec<columns::Piece> =
-        pieces.iter().map(|(blob, now, bucket, start, stop)| columns::Piece {
+        pieces.iter().enumerate().map(|(i, (blob, now, bucket, start, stop))| columns::Piece {
         blob: blob.as_bytes(),
         now: *now,
         bucket: *bucket,
         start: *start,
         stop: *stop,
+        selection: selections[i].as_ref().map(|b| b.as_bytes()),
+        edits: &edits[i],
     }).collect();
     let names: Vec<(&[u8], u8)> = schema.iter().map(|(name, kind)| (name.as_bytes(), *kind)).collect();
     let out = match guarded(py, || columns::run(&parts, &names, build))? {
@@ -96,10 +102,81 @@ fn build<'py>(
     Ok(Some(result))
 }
 
+/// What filters did to one piece's rows: the selection (the sorted row numbers kept,
+/// as native-endian u32 bytes; None: all) and the edits, each `(op, [(key, value)])`
+/// with op 1 set (value: the msgpack bytes set), 2 remove (value unused), 3 rename
+/// (value: the new name).
+type Filtered<'py> = (Option<Bound<'py, PyBytes>>, Vec<(u8, Vec<(Vec<u8>, Vec<u8>)>)>);
+
+fn unpack_filtered<'py>(
+    filtered: Option<Vec<Filtered<'py>>>,
+    pieces: usize,
+) -> PyResult<(Vec<Option<Bound<'py, PyBytes>>>, Vec<Vec<edits::Edit>>)> {
+    let Some(filtered) = filtered else {
+        return Ok(((0..pieces).map(|_| None).collect(), (0..pieces).map(|_| Vec::new()).collect()));
+    };
+    if filtered.len() != pieces {
+        return Err(PyValueError::new_err("filtered: one per piece"));
+    }
+    let mut selections = Vec::new();
+    let mut all = Vec::new();
+    for (selection, ops) in filtered {
+        if selection.as_ref().is_some_and(|b| b.as_bytes().len() % 4 != 0) {
+            return Err(PyValueError::new_err("selection: u32 row numbers"));
+        }
+        selections.push(selection);
+        let mut list = Vec::new();
+        for (op, pairs) in ops {
+            list.push(match op {
+                1 => edits::Edit::Set(pairs),
+                2 => edits::Edit::Remove(pairs.into_iter().map(|(key, _)| key).collect()),
+                3 => edits::Edit::Rename(pairs),
+                _ => return Err(PyValueError::new_err("edit: op 1, 2 or 3")),
+            });
+        }
+        all.push(list);
+    }
+    Ok((selections, all))
+}
+
+/// `texts(pieces, path, filtered=None)`: the text of the field at `path` (a top-level
+/// key, then keys of nested maps) of every row of `pieces` (as `build` takes them,
+/// `filtered` included), as grep sees it (`as_text`), null where missing or nil:
+/// `(rows, null_count, validity, data, offsets)` of a string array. None where a
+/// value's text is Python's to give (a float, table, array, non-UTF-8 bin) or a
+/// piece is outside the native subset.
+#[pyfunction]
+#[pyo3(signature = (pieces, path, filtered=None))]
+fn texts<'py>(
+    py: Python<'py>,
+    pieces: Vec<(Bound<'py, PyBytes>, Option<i64>, Option<i64>, usize, usize)>,
+    path: Vec<String>,
+    filtered: Option<Vec<Filtered<'py>>>,
+) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let (selections, edits) = unpack_filtered(filtered, pieces.len())?;
+    let parts: Vec<edits::Rows> = pieces.iter().enumerate().map(|(i, (blob, now, bucket, start, stop))| edits::Rows {
+        blob: blob.as_bytes(),
+        now: *now,
+        bucket: *bucket,
+        start: *start,
+        stop: *stop,
+        selection: selections[i].as_ref().map(|b| b.as_bytes()),
+        edits: &edits[i],
+    }).collect();
+    let keys: Vec<&[u8]> = path.iter().map(|k| k.as_bytes()).collect();
+    let Ok((rows, nulls, validity, data, offsets)) = guarded(py, || edits::texts(&parts, &keys))? else {
+        return Ok(None);
+    };
+    let validity = if nulls > 0 { Some(PyBytes::new(py, &validity)) } else { None };
+    let result = (rows, nulls, validity, PyBytes::new(py, &data), PyBytes::new(py, bytes_of(&offsets))).into_pyobject(py)?;
+    Ok(Some(result))
+}
+
 #[pymodule]
 fn logrouter_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(scan, m)?)?;
     m.add_function(wrap_pyfunction!(build, m)?)?;
+    m.add_function(wrap_pyfunction!(texts, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
