@@ -1,0 +1,131 @@
+"""Filters on batches still packed: what ``grep``, ``set``, ``remove`` and ``rename``
+do to forward events that arrived as PackedForward entries, without decoding them.
+
+A batch whose events are ``wire.forward_lazy.PackedEvents`` (forward entries kept as
+the bytes that arrived, where ``logrouter_native`` is installed) stays so through these
+filters: ``grep`` reads its field as an Arrow string column straight from the bytes
+(``logrouter_native.texts``) and evaluates its regexes with pyarrow compute (RE2, as
+``logrouter.regex``), giving a row selection; ``set`` / ``remove`` / ``rename`` of
+top-level fields to values known for the whole batch become ``Edit``s. The Parquet
+sink's native build applies both while it fills the lake's columns; anything that
+reads the events decodes them once with the selection and edits applied, as the
+record path would have made them.
+
+Each helper answers None where the packed path cannot give exactly the record path's
+result (a nested path, a value only Python renders, a regex pyarrow's RE2 refuses, no
+extension): the filter then runs on records, as every other filter does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from logrouter.batch import Batch
+from logrouter.native import NATIVE
+from logrouter.wire.forward_lazy import Edit, PackedEvents
+
+__all__ = ["edited", "grep_selection", "packed_of", "selected", "set_edit"]
+
+_INT64 = (-(2**63), 2**64 - 1)  # what msgpack holds as an integer (uint64 above int64)
+
+
+def packed_of(batch: Batch) -> PackedEvents | None:
+    """The batch's events if they are still packed (never decodes a deferred batch)."""
+    if batch.is_deferred:
+        return None
+    events = batch.events
+    return events if type(events) is PackedEvents else None
+
+
+def _plain(value: Any, depth: int = 0) -> bool:
+    """Whether a value is what a msgpack record holds and decodes back to as itself."""
+    kind = value.__class__
+    if value is None or kind in (str, bool, float):
+        return True
+    if kind is int:
+        return _INT64[0] <= value <= _INT64[1]
+    if depth >= 30:
+        return False
+    if kind is list:
+        return all(_plain(item, depth + 1) for item in value)
+    if kind is dict:
+        return all(key.__class__ is str and _plain(item, depth + 1) for key, item in value.items())
+    return False
+
+
+def set_edit(pairs: dict[str, Any]) -> Edit | None:
+    """A ``SET`` of top-level fields to these values, or None if one is not a plain
+    JSON-like value (a TOML date, say): the record path handles those."""
+    if not all(_plain(value) for value in pairs.values()):
+        return None
+    import msgpack
+
+    native = (Edit.SET, [(key.encode(), msgpack.packb(value, use_bin_type=True)) for key, value in pairs.items()])
+    return Edit(Edit.SET, tuple(pairs.items()), native)
+
+
+def remove_edit(keys: frozenset[str] | list[str]) -> Edit:
+    ordered = sorted(keys)
+    return Edit(Edit.REMOVE, tuple((key, None) for key in ordered), (Edit.REMOVE, [(key.encode(), b"") for key in ordered]))
+
+
+def rename_edit(pairs: list[tuple[str, str]]) -> Edit:
+    return Edit(Edit.RENAME, tuple(pairs), (Edit.RENAME, [(old.encode(), new.encode()) for old, new in pairs]))
+
+
+def edited(batch: Batch, packed: PackedEvents, edit: Edit) -> Batch:
+    return batch.replace(events=packed.edited(edit))  # type: ignore[arg-type]
+
+
+def selected(batch: Batch, packed: PackedEvents, keep: Any) -> Batch | None:
+    """The batch narrowed to the rows where the pyarrow boolean array ``keep`` is true
+    (None: no row; the batch itself: every row)."""
+    import pyarrow.compute as pc
+
+    rows = pc.indices_nonzero(keep).to_pylist()
+    if not rows:
+        return None
+    if len(rows) == len(packed):
+        return batch
+    return batch.replace(events=packed.narrowed(rows))  # type: ignore[arg-type]
+
+
+def texts(packed: PackedEvents, path: tuple) -> Any:
+    """The text ``grep`` sees of the field at ``path`` of each row, as a pyarrow string
+    array (null: missing or null), or None where only Python can give it."""
+    if NATIVE is None or not all(key.__class__ is str for key in path):
+        return None
+    filtered = packed.filtered()
+    try:
+        found = NATIVE.texts([packed.piece()], list(path), None if filtered is None else [filtered])
+    except Exception:  # noqa: BLE001 - a bug in the extension: the record path is the reference
+        return None
+    if found is None:
+        return None
+    import pyarrow as pa
+
+    rows, nulls, validity, data, offsets = found
+    if rows != len(packed):
+        return None
+    buffers = [None if validity is None else pa.py_buffer(validity), pa.py_buffer(offsets), pa.py_buffer(data)]
+    return pa.Array.from_buffers(pa.string(), rows, buffers, nulls)
+
+
+def grep_selection(packed: PackedEvents, path: tuple, include: str | None, exclude: str | None) -> Any:
+    """``grep``'s keep mask over the packed rows, or None (run it on records)."""
+    column = texts(packed, path)
+    if column is None:
+        return None
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    try:
+        keep = None
+        if include is not None:
+            keep = pc.fill_null(pc.match_substring_regex(column, include), False)
+        if exclude is not None:
+            dropped = pc.invert(pc.fill_null(pc.match_substring_regex(column, exclude), False))
+            keep = dropped if keep is None else pc.and_(keep, dropped)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None  # a pattern Arrow's RE2 refuses (google-re2 took it): records decide
+    return keep
