@@ -1,12 +1,14 @@
-"""Filters on batches still packed: what ``grep``, ``set``, ``remove`` and ``rename``
-do to forward events that arrived as PackedForward entries, without decoding them.
+"""Filters on batches still packed: what ``grep``, ``set``, ``remove``, ``rename`` and
+``sample`` do to forward events that arrived as PackedForward entries, without decoding them.
 
 A batch whose events are ``wire.forward_lazy.PackedEvents`` (forward entries kept as
 the bytes that arrived, where ``logrouter_native`` is installed) stays so through these
 filters: ``grep`` reads its field as an Arrow string column straight from the bytes
 (``logrouter_native.texts``) and evaluates its regexes with pyarrow compute (RE2, as
 ``logrouter.regex``), giving a row selection; ``set`` / ``remove`` / ``rename`` of
-top-level fields to values known for the whole batch become ``Edit``s. The Parquet
+top-level fields to values known for the whole batch become ``Edit``s; ``sample``
+without a key or condition decodes only the first and last events (``events_at``),
+which is all its choice reads, and selects every ``rate``-th row. The Parquet
 sink's native build applies both while it fills the lake's columns; anything that
 reads the events decodes them once with the selection and edits applied, as the
 record path would have made them.
@@ -24,7 +26,7 @@ from logrouter.batch import Batch
 from logrouter.native import NATIVE
 from logrouter.wire.forward_lazy import Edit, PackedEvents
 
-__all__ = ["edited", "grep_selection", "packed_of", "selected", "set_edit"]
+__all__ = ["edited", "events_at", "grep_selection", "packed_of", "selected", "set_edit"]
 
 _INT64 = (-(2**63), 2**64 - 1)  # what msgpack holds as an integer (uint64 above int64)
 
@@ -88,6 +90,29 @@ def selected(batch: Batch, packed: PackedEvents, keep: Any) -> Batch | None:
     if len(rows) == len(packed):
         return batch
     return batch.replace(events=packed.narrowed(rows))  # type: ignore[arg-type]
+
+
+def events_at(packed: PackedEvents, rows: list[int]) -> list[tuple[int, dict[str, Any]]] | None:
+    """The events numbered ``rows`` (ascending) as ``events()`` would give them,
+    decoding only their entries (None: the extension cannot say where they are)."""
+    if NATIVE is None:
+        return None
+    try:
+        spans = NATIVE.entries_at(packed.piece(), rows, packed.filtered())
+    except Exception:  # noqa: BLE001 - a bug in the extension: the record path is the reference
+        return None
+    if spans is None:
+        return None
+    from logrouter.wire.forward_packed import decode_entries
+
+    out = []
+    for start, end in spans:
+        (event,), _ = decode_entries(packed.entries[start:end], packed.now)
+        record = event[1]
+        for edit in packed.edits:
+            record = edit.apply(record)
+        out.append((event[0], record))
+    return out
 
 
 def texts(packed: PackedEvents, path: tuple) -> Any:

@@ -7,6 +7,10 @@ key are kept or dropped together, across batches, restarts and routers. Both cho
 depend only on the data, so a sink replaying the spool after a failure sees exactly the
 events it saw the first time. With ``condition`` only the events it is true for are
 sampled; the others pass (sample the debug logs, keep everything else).
+
+On a batch of forward events still packed (``logrouter.filters.columnar``), sampling
+without ``key`` and ``condition`` decodes only the first and last events for the offset
+and keeps the batch packed (a ``rate_field`` at the top level becomes an edit).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from logrouter import conditions, paths, registry
 from logrouter.batch import Batch, Event
 from logrouter.config.options import Option, positive
 from logrouter.errors import ErrorPath
+from logrouter.filters import columnar
 from logrouter.filters.common import key_function, narrowed, on_tables, replaced
 
 KEY_CACHE_SIZE = 65536
@@ -66,8 +71,10 @@ class SampleFilter:
         self.dropped = 0
 
     def _offset(self, events: list[Event]) -> int:
-        first = events[0]
-        seed = f"{first[0]}:{events[-1][0]}:{len(events)}:{first[1]!r}"
+        return self._offset_of(events[0], events[-1][0], len(events))
+
+    def _offset_of(self, first: Event, last_time: int, count: int) -> int:
+        seed = f"{first[0]}:{last_time}:{count}:{first[1]!r}"
         return stable_hash(seed) % self.rate
 
     def _sampled(self, events: list[Event]) -> list[Event]:
@@ -93,9 +100,36 @@ class SampleFilter:
         return kept
 
     def process(self, batch: Batch) -> Batch | None:
+        packed = columnar.packed_of(batch) if self._key is None and self._condition is None else None
+        if packed is not None and len(packed) and (self._rate_path is None or len(self._rate_path) == 1):
+            out = self._packed(batch, packed)
+            if out is not NotImplemented:
+                return out
         kept = on_tables(self.name, batch, self.errors, self._run)
         self.dropped += len(batch.events) - len(kept)
         return narrowed(batch, kept) if self._rate_path is None else replaced(batch, kept)
+
+    def _packed(self, batch: Batch, packed: Any) -> Any:
+        """``process`` of a packed batch, kept packed; NotImplemented: read the records."""
+        count, rate = len(packed), self.rate
+        rows: Any = range(count)
+        if rate > 1:
+            ends = columnar.events_at(packed, [0] if count == 1 else [0, count - 1])
+            if ends is None:
+                return NotImplemented
+            rows = range((rate - self._offset_of(ends[0], ends[-1][0], count)) % rate, count, rate)
+        edit = None
+        if self._rate_path is not None:
+            edit = columnar.set_edit({self._rate_path[0]: rate})
+            if edit is None:
+                return NotImplemented
+        self.dropped += count - len(rows)
+        if not rows:
+            return None
+        if len(rows) < count:
+            batch = batch.replace(events=packed.narrowed(rows))  # type: ignore[arg-type]
+            packed = batch.events
+        return batch if edit is None else columnar.edited(batch, packed, edit)
 
     def _run(self, events: list[Event]) -> list[Event]:
         condition = self._condition

@@ -199,3 +199,36 @@ pub fn texts(pieces: &[Rows], path: &[&[u8]]) -> R<(usize, usize, Vec<u8>, Vec<u
     }
     Ok((rows, nulls, validity, data, offsets))
 }
+
+/// Where the entries of the rows numbered `wanted` (ascending, among the piece's
+/// selected rows) lie in its blob: `(start, end)` each, to decode just those.
+pub fn entries_at(piece: &Rows, wanted: &[usize]) -> R<Vec<(usize, usize)>> {
+    let mut found = Vec::new();
+    let mut r = Reader::new(piece.blob);
+    let (mut taken, mut next, mut ordinal) = (0usize, 0usize, 0usize);
+    while !r.at_end() && taken < piece.stop && found.len() < wanted.len() {
+        let start = r.pos;
+        let (mut time, count) = r.entry_head()?;
+        if time == 0 {
+            time = piece.now.ok_or(Outside)?;
+        }
+        let take = match piece.bucket {
+            Some(bucket) if hour_bucket(time) != bucket => false,
+            _ => {
+                taken += 1;
+                taken > piece.start && selected(piece.selection, &mut next, taken - 1 - piece.start)
+            }
+        };
+        r.check_map(count, 1)?;
+        if take {
+            if wanted[found.len()] == ordinal {
+                found.push((start, r.pos));
+            }
+            ordinal += 1;
+        }
+    }
+    if found.len() < wanted.len() {
+        return Err(Outside);
+    }
+    Ok(found)
+}

@@ -172,11 +172,41 @@ fn texts<'py>(
     Ok(Some(result))
 }
 
+/// `entries_at(piece, rows, filtered=None)`: `[(start, end), ...]`, where in the
+/// piece's blob the entries of its rows numbered `rows` (ascending, counted among the
+/// rows `filtered` selects) lie, to decode only those; None if out of range or outside
+/// the subset.
+#[pyfunction]
+#[pyo3(signature = (piece, rows, filtered=None))]
+fn entries_at<'py>(
+    py: Python<'py>,
+    piece: (Bound<'py, PyBytes>, Option<i64>, Option<i64>, usize, usize),
+    rows: Vec<usize>,
+    filtered: Option<Filtered<'py>>,
+) -> PyResult<Option<Vec<(usize, usize)>>> {
+    if rows.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(PyValueError::new_err("rows: ascending"));
+    }
+    let (selections, edits) = unpack_filtered(filtered.map(|f| vec![f]), 1)?;
+    let (blob, now, bucket, start, stop) = &piece;
+    let part = edits::Rows {
+        blob: blob.as_bytes(),
+        now: *now,
+        bucket: *bucket,
+        start: *start,
+        stop: *stop,
+        selection: selections[0].as_ref().map(|b| b.as_bytes()),
+        edits: &edits[0],
+    };
+    Ok(guarded(py, || edits::entries_at(&part, &rows))?.ok())
+}
+
 #[pymodule]
 fn logrouter_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(scan, m)?)?;
     m.add_function(wrap_pyfunction!(build, m)?)?;
     m.add_function(wrap_pyfunction!(texts, m)?)?;
+    m.add_function(wrap_pyfunction!(entries_at, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -1,7 +1,7 @@
 """Filters on packed forward batches give exactly what they give on records.
 
 For entries hypothesis draws and pipelines of ``grep`` / ``set`` / ``remove`` /
-``rename`` / ``match``, the batch that went through the pipeline still packed
+``rename`` / ``match`` / ``sample``, the batch that went through the pipeline still packed
 (``logrouter.filters.columnar``) holds the same events as the batch of decoded records
 that went through it, and the lake's table built natively from the packed result
 equals the one built from those events. Unit tests pin which cases stay packed and
@@ -21,6 +21,7 @@ from logrouter.batch import Batch
 from logrouter.filters.fields import RemoveFilter, RenameFilter, SetFilter
 from logrouter.filters.grep import GrepFilter
 from logrouter.filters.match import MatchFilter
+from logrouter.filters.sample import SampleFilter
 from logrouter.lake.convert import TableBuilder
 from logrouter.lake.native_table import PendingRows, build_table, file_schema_of
 from logrouter.lake.schema import ColumnTypes, file_schema
@@ -72,6 +73,8 @@ filters = st.one_of(
               st.dictionaries(names.filter(lambda n: n != "x.y"), names, min_size=1, max_size=3)
               .filter(lambda d: len(set(d.values())) == len(d))),
     st.builds(lambda tag: (MatchFilter, dict(tag=tag)), st.sampled_from(["app.**", "other.*"])),
+    st.builds(lambda rate, field: (SampleFilter, dict(rate=rate, rate_field=field)),
+              st.integers(1, 4), st.sampled_from(["", "n", "w", "$.q.k"])),
 )
 pipelines = st.lists(filters, min_size=1, max_size=4)
 
@@ -151,6 +154,15 @@ def test_grep_set_remove_rename_keep_the_batch_packed() -> None:
         {"msg": "Error 5", "env": "prod", "tag": TAG, "count": 3},
     ]
     assert batch.events._events is None  # the input batch was never decoded either
+
+
+def test_sample_decodes_only_the_ends_and_keeps_the_batch_packed() -> None:
+    batch = packed_batch(*({"n": i, "msg": "x" * i} for i in range(25)))
+    out = make(SampleFilter, rate=4, rate_field="weight").process(batch)
+    assert type(out.events) is PackedEvents and batch.events._events is None
+    reference = make(SampleFilter, rate=4, rate_field="weight").process(Batch(TAG, list(batch.events), "forward"))
+    assert list(out.events) == reference.events and all(r["weight"] == 4 for _, r in reference.events)
+    assert len(reference.events) in (6, 7)
 
 
 def test_grep_on_ints_bools_and_a_nested_key_stays_packed() -> None:
