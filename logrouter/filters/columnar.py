@@ -62,7 +62,10 @@ def set_edit(pairs: dict[str, Any]) -> Edit | None:
         return None
     import msgpack
 
-    native = (Edit.SET, [(key.encode(), msgpack.packb(value, use_bin_type=True)) for key, value in pairs.items()])
+    try:
+        native = (Edit.SET, [(key.encode(), msgpack.packb(value, use_bin_type=True)) for key, value in pairs.items()])
+    except (UnicodeEncodeError, ValueError, TypeError):  # a lone surrogate, say: not in the native subset
+        return None
     return Edit(Edit.SET, tuple(pairs.items()), native)
 
 

@@ -10,9 +10,11 @@ which fall back to records. Skipped where the extension is not installed.
 
 from __future__ import annotations
 
+from array import array
+
 import msgpack
 import pytest
-from fuzz_helpers import fuzz_settings
+from fuzz_helpers import fuzz_settings, mutated
 from hypothesis import given
 from hypothesis import strategies as st
 from test_native_table import HOUR, NOW, assert_same_tables, entries_of, same_events
@@ -221,3 +223,35 @@ def test_filtered_rows_across_hours_and_slices_are_the_same_as_decoded() -> None
     assert [(b, list(g)) for b, g in out.events.split_by_hour()] == list(groups.items())
     narrowed = out.events[1:3]
     assert msgpack.packb(list(narrowed)) == msgpack.packb(expected[1:3])
+
+
+# --- the new native entry points, fuzzed -----------------------------------------------------
+
+_edits = st.lists(
+    st.sampled_from([
+        (1, [(b"a", msgpack.packb("x")), (b"z", msgpack.packb({"k": [1, None]}))]),
+        (1, [(b"b", b"\xc1")]),  # a set value outside the subset: the build says None
+        (2, [(b"a", b""), (b"c", b"")]),
+        (3, [(b"a", b"c"), (b"c", b"a")]),
+    ]),
+    max_size=3,
+)
+
+
+@fuzz_settings(max_examples=200)
+@given(mutated(st.builds(entries_of, events_lists)), st.lists(st.integers(0, 12), max_size=6), _edits)
+def test_damaged_entries_with_filters_never_crash_the_extension(entries, rows, edits) -> None:
+    """Damaged blobs, selections past the end and odd edits: an answer or None, no crash."""
+    selection = array("I", sorted(set(rows))).tobytes()
+    piece = (entries, NOW, None, 0, 1 << 40)
+    for filtered in (None, (selection, edits), (None, edits)):
+        for schema in ([], [("a", 4), ("n", 2)]):
+            NATIVE.build([piece], schema, True, None if filtered is None else [filtered])
+        NATIVE.texts([piece], ["a"], None if filtered is None else [filtered])
+        NATIVE.texts([piece], ["m", "k"], None if filtered is None else [filtered])
+        NATIVE.entries_at(piece, sorted(set(rows)), filtered)
+
+
+def test_a_set_value_outside_the_native_subset_reads_records() -> None:
+    out = make(SetFilter, fields={"s": "\ud800"}).process(packed_batch({"a": 1}))
+    assert type(out.events) is list and out.events[0][1] == {"a": 1, "s": "\ud800"}
