@@ -26,7 +26,7 @@ from logrouter.batch import Batch
 from logrouter.native import NATIVE
 from logrouter.wire.forward_lazy import Edit, PackedEvents
 
-__all__ = ["edited", "events_at", "grep_selection", "packed_of", "selected", "set_edit"]
+__all__ = ["condition_mask", "edited", "events_at", "grep_selection", "packed_of", "selected", "set_edit"]
 
 _INT64 = (-(2**63), 2**64 - 1)  # what msgpack holds as an integer (uint64 above int64)
 
@@ -157,3 +157,140 @@ def grep_selection(packed: PackedEvents, path: tuple, include: str | None, exclu
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None  # a pattern Arrow's RE2 refuses (google-re2 took it): records decide
     return keep
+
+
+# --- conditions on columns ------------------------------------------------------------------
+
+# The kinds logrouter_native.values gives (native/src/edits.rs).
+MISSING, NIL, BOOL, INT, FLOAT, STR, BIN, CONTAINER, WIDE_INT, RAW_BIN = range(10)
+_EXACT = 2**53
+
+
+class _Fallback(Exception):
+    """The condition needs what only the records can tell."""
+
+
+def condition_mask(packed: PackedEvents, plan: tuple | None) -> Any:
+    """A condition's results over the packed rows (a pyarrow boolean array without
+    nulls, true where ``Condition.test`` is true), or None (test the records). ``plan``
+    is ``Condition.plan``; the semantics are ``logrouter.conditions``'."""
+    if plan is None or NATIVE is None:
+        return None
+    import pyarrow as pa
+
+    columns: dict[tuple, Any] = {}
+    try:
+        return _Evaluator(packed, columns).mask(plan)
+    except (_Fallback, pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+
+
+class _Evaluator:
+    def __init__(self, packed: PackedEvents, columns: dict) -> None:
+        self.packed = packed
+        self.columns = columns
+
+    def column(self, path: tuple) -> tuple:
+        """(kinds, texts, numbers) of the field at ``path``, read once per condition."""
+        found = self.columns.get(path)
+        if found is None:
+            if not all(key.__class__ is str for key in path):
+                raise _Fallback
+            filtered = self.packed.filtered()
+            try:
+                raw = NATIVE.values([self.packed.piece()], list(path), None if filtered is None else [filtered])  # type: ignore[union-attr]
+            except Exception:  # noqa: BLE001 - a bug in the extension: the records decide
+                raise _Fallback from None
+            if raw is None or raw[0] != len(self.packed):
+                raise _Fallback
+            import pyarrow as pa
+
+            rows, kinds, (nulls, validity, data, offsets), numbers = raw
+            found = (
+                pa.Array.from_buffers(pa.uint8(), rows, [None, pa.py_buffer(kinds)]),
+                pa.Array.from_buffers(pa.string(), rows, [None if validity is None else pa.py_buffer(validity),
+                                                          pa.py_buffer(offsets), pa.py_buffer(data)], nulls),
+                pa.Array.from_buffers(pa.float64(), rows, [None, pa.py_buffer(numbers)]),
+            )
+            self.columns[path] = found
+        return found
+
+    def kind_in(self, path: tuple, *kinds: int) -> Any:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        return pc.is_in(self.column(path)[0], value_set=pa.array(kinds, pa.uint8()))
+
+    def has(self, path: tuple, kind: int) -> bool:
+        import pyarrow.compute as pc
+
+        return bool(pc.any(pc.equal(self.column(path)[0], kind)).as_py())
+
+    def mask(self, plan: tuple) -> Any:
+        import pyarrow.compute as pc
+
+        op = plan[0]
+        if op == "and" or op == "or":
+            masks = [self.mask(part) for part in plan[1]]
+            combine = pc.and_ if op == "and" else pc.or_
+            out = masks[0]
+            for other in masks[1:]:
+                out = combine(out, other)
+            return out
+        if op == "not":
+            return pc.invert(self.mask(plan[1]))
+        path = tuple(plan[1])
+        if op == "exists":
+            return pc.not_equal(self.column(path)[0], MISSING)
+        if op == "eq":
+            return self.equals(path, plan[2])
+        if op == "in":
+            out = self.equals(path, plan[2][0])
+            for value in plan[2][1:]:
+                out = pc.or_(out, self.equals(path, value))
+            return out
+        if op == "order":
+            return self.order(path, plan[2], plan[3])
+        if op == "regex":
+            if self.has(path, FLOAT) or self.has(path, RAW_BIN):
+                raise _Fallback  # their text is Python's
+            texts = self.column(path)[1]
+            matched = pc.fill_null(pc.match_substring_regex(texts, plan[2]), False)
+            return pc.and_(self.kind_in(path, BOOL, INT, STR, BIN, WIDE_INT), matched)
+        raise _Fallback
+
+    def number(self, path: tuple, value: Any) -> Any:
+        """The numbers column, where comparing it to ``value`` is exact."""
+        if value.__class__ is int and not -_EXACT <= value <= _EXACT:
+            raise _Fallback
+        if self.has(path, WIDE_INT):
+            raise _Fallback
+        return self.column(path)[2]
+
+    def equals(self, path: tuple, value: Any) -> Any:
+        import pyarrow.compute as pc
+
+        if value is None:
+            return self.kind_in(path, MISSING, NIL)
+        if value.__class__ is bool:
+            texts = self.column(path)[1]
+            return pc.and_(self.kind_in(path, BOOL), pc.fill_null(pc.equal(texts, "true" if value else "false"), False))
+        if value.__class__ is str:
+            texts = self.column(path)[1]
+            return pc.and_(self.kind_in(path, STR), pc.fill_null(pc.equal(texts, value), False))
+        if value.__class__ in (int, float):
+            numbers = self.number(path, value)
+            return pc.and_(self.kind_in(path, INT, FLOAT), pc.equal(numbers, float(value)))
+        raise _Fallback
+
+    def order(self, path: tuple, op: str, value: Any) -> Any:
+        import pyarrow.compute as pc
+
+        compare = {"<": pc.less, "<=": pc.less_equal, ">": pc.greater, ">=": pc.greater_equal}[op]
+        if value.__class__ is str:
+            texts = self.column(path)[1]
+            return pc.and_(self.kind_in(path, STR), pc.fill_null(compare(texts, value), False))
+        if value.__class__ in (int, float):
+            numbers = self.number(path, value)
+            return pc.and_(self.kind_in(path, INT, FLOAT), compare(numbers, float(value)))
+        raise _Fallback

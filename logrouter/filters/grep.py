@@ -7,8 +7,9 @@ never passes ``include`` and always passes ``exclude``. Instead of a field and r
 ``condition`` (``logrouter.conditions``) keeps the records it is true for.
 
 On a batch of forward entries still packed, ``field`` with ``include`` / ``exclude`` is
-evaluated on the field's column (``logrouter.filters.columnar``) and the batch stays
-packed; ``condition``, and a field whose value only Python renders, read records.
+evaluated on the field's column (``logrouter.filters.columnar``), and so is a
+``condition`` (``columnar.condition_mask``): the batch stays packed. A field whose
+value only Python renders reads records.
 """
 
 from __future__ import annotations
@@ -85,6 +86,11 @@ class GrepFilter:
 
     def process(self, batch: Batch) -> Batch | None:
         if self._condition is not None:
+            packed = columnar.packed_of(batch)
+            if packed is not None:
+                keep = columnar.condition_mask(packed, self._condition.plan)
+                if keep is not None:
+                    return columnar.selected(batch, packed, keep)
             return narrowed(batch, evaluate(self._condition, self.name, batch, self.errors, keep_when=True))
         packed = columnar.packed_of(batch)
         if packed is not None:  # forward entries still packed: on their columns, undecoded

@@ -146,14 +146,8 @@ pub struct Rows<'a> {
     pub edits: &'a [Edit],
 }
 
-/// The text of the field at `path` (top-level key, then map keys) of each selected
-/// row of `pieces`, after their edits: a string column's validity (null: missing or
-/// nil), bytes and offsets, with the null count. `Outside` where a value's text is
-/// Python's to give, or a blob is outside the subset.
-pub fn texts(pieces: &[Rows], path: &[&[u8]]) -> R<(usize, usize, Vec<u8>, Vec<u8>, Vec<i32>)> {
-    let (first, rest) = path.split_first().ok_or(Outside)?;
-    let (mut rows, mut nulls) = (0usize, 0usize);
-    let (mut validity, mut data, mut offsets) = (Vec::new(), Vec::new(), vec![0i32]);
+/// Call `visit` with the fields of each selected row of `pieces`, after their edits.
+fn each_row<'a>(pieces: &[Rows<'a>], mut visit: impl FnMut(&[Span<'a>]) -> R<()>) -> R<()> {
     let mut row: Vec<Span> = Vec::new();
     let mut moved: Vec<Span> = Vec::new();
     for piece in pieces {
@@ -177,27 +171,110 @@ pub fn texts(pieces: &[Rows], path: &[&[u8]]) -> R<(usize, usize, Vec<u8>, Vec<u
             }
             spans(&mut r, count, &mut row)?;
             apply(&mut row, piece.edits, &mut moved);
-            let value = match row.iter().find(|s| s.0 == *first) {
-                Some(&(_, buf, start, end)) => descend(Reader { buf: &buf[..end], pos: start }, rest)?,
-                None => None,
-            };
-            if rows % 8 == 0 {
-                validity.push(0);
-            }
-            match value {
-                None | Some(Head::Nil) => nulls += 1,
-                Some(head) => {
-                    if !text(&head, &mut data) {
-                        return Err(Outside);
-                    }
-                    validity[rows / 8] |= 1 << (rows % 8);
-                }
-            }
-            offsets.push(i32::try_from(data.len()).map_err(|_| Outside)?);
-            rows += 1;
+            visit(&row)?;
         }
     }
-    Ok((rows, nulls, validity, data, offsets))
+    Ok(())
+}
+
+/// The value at `path` (a top-level key, then map keys) of one row's fields.
+fn lookup<'a>(row: &[Span<'a>], path: &[&[u8]]) -> R<Option<Head<'a>>> {
+    let (first, rest) = path.split_first().ok_or(Outside)?;
+    match row.iter().find(|s| s.0 == *first) {
+        Some(&(_, buf, start, end)) => descend(Reader { buf: &buf[..end], pos: start }, rest),
+        None => Ok(None),
+    }
+}
+
+/// A string column being built: validity, bytes, offsets, nulls.
+#[derive(Default)]
+pub struct Strings {
+    pub rows: usize,
+    pub nulls: usize,
+    pub validity: Vec<u8>,
+    pub data: Vec<u8>,
+    pub offsets: Vec<i32>,
+}
+
+impl Strings {
+    fn push(&mut self, valid: bool) -> R<()> {
+        if self.offsets.is_empty() {
+            self.offsets.push(0);
+        }
+        if self.rows % 8 == 0 {
+            self.validity.push(0);
+        }
+        if valid {
+            self.validity[self.rows / 8] |= 1 << (self.rows % 8);
+        } else {
+            self.nulls += 1;
+        }
+        self.offsets.push(i32::try_from(self.data.len()).map_err(|_| Outside)?);
+        self.rows += 1;
+        Ok(())
+    }
+}
+
+/// The text of the field at `path` of each selected row of `pieces`, after their
+/// edits, as grep sees it: null where missing or nil. `Outside` where a value's text
+/// is Python's to give, or a blob is outside the subset.
+pub fn texts(pieces: &[Rows], path: &[&[u8]]) -> R<Strings> {
+    let mut out = Strings::default();
+    each_row(pieces, |row| {
+        match lookup(row, path)? {
+            None | Some(Head::Nil) => out.push(false),
+            Some(head) => {
+                if !text(&head, &mut out.data) {
+                    return Err(Outside);
+                }
+                out.push(true)
+            }
+        }
+    })?;
+    Ok(out)
+}
+
+pub const MISSING: u8 = 0;
+pub const NIL: u8 = 1;
+pub const BOOL: u8 = 2;
+pub const INT: u8 = 3;
+pub const FLOAT: u8 = 4;
+pub const STR: u8 = 5;
+pub const BIN: u8 = 6;
+pub const CONTAINER: u8 = 7;
+/// An integer whose float64 is not exact (beyond 2^53): compared only in Python.
+pub const WIDE_INT: u8 = 8;
+/// A bin that is not UTF-8: its text (lossy) only Python gives.
+pub const RAW_BIN: u8 = 9;
+
+/// What conditions read of the field at `path` of each selected row: its kind (one of
+/// the codes above), its text where it has one (str, UTF-8 bin, int, bool), and its
+/// number (int or float, as float64; 0 otherwise).
+pub fn values(pieces: &[Rows], path: &[&[u8]]) -> R<(Vec<u8>, Strings, Vec<f64>)> {
+    let (mut kinds, mut texts, mut numbers) = (Vec::new(), Strings::default(), Vec::new());
+    const EXACT: i64 = 1 << 53;
+    each_row(pieces, |row| {
+        let head = lookup(row, path)?;
+        let (kind, number) = match head {
+            None => (MISSING, 0.0),
+            Some(Head::Nil) => (NIL, 0.0),
+            Some(Head::Bool(_)) => (BOOL, 0.0),
+            Some(Head::Int(v)) if (-EXACT..=EXACT).contains(&v) => (INT, v as f64),
+            Some(Head::Int(_)) | Some(Head::Big(_)) => (WIDE_INT, 0.0),
+            Some(Head::Float(v)) => (FLOAT, v),
+            Some(Head::Str(_)) => (STR, 0.0),
+            Some(Head::Bin(b)) => (if std::str::from_utf8(b).is_ok() { BIN } else { RAW_BIN }, 0.0),
+            Some(Head::Array(_)) | Some(Head::Map(_)) => (CONTAINER, 0.0),
+        };
+        kinds.push(kind);
+        numbers.push(number);
+        let has_text = matches!(kind, BOOL | INT | STR | BIN | WIDE_INT);
+        if has_text {
+            text(&head.ok_or(Outside)?, &mut texts.data);
+        }
+        texts.push(has_text)
+    })?;
+    Ok((kinds, texts, numbers))
 }
 
 /// Where the entries of the rows numbered `wanted` (ascending, among the piece's

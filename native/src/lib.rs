@@ -139,6 +139,28 @@ fn unpack_filtered<'py>(
     Ok((selections, all))
 }
 
+fn rows_of<'a>(
+    pieces: &'a [(Bound<'_, PyBytes>, Option<i64>, Option<i64>, usize, usize)],
+    selections: &'a [Option<Bound<'_, PyBytes>>],
+    edits: &'a [Vec<edits::Edit>],
+) -> Vec<edits::Rows<'a>> {
+    pieces.iter().enumerate().map(|(i, (blob, now, bucket, start, stop))| edits::Rows {
+        blob: blob.as_bytes(),
+        now: *now,
+        bucket: *bucket,
+        start: *start,
+        stop: *stop,
+        selection: selections[i].as_ref().map(|b| b.as_bytes()),
+        edits: &edits[i],
+    }).collect()
+}
+
+fn strings_tuple<'py>(py: Python<'py>, s: &edits::Strings) -> (usize, Option<Bound<'py, PyBytes>>, Bound<'py, PyBytes>, Bound<'py, PyBytes>) {
+    let validity = if s.nulls > 0 { Some(PyBytes::new(py, &s.validity)) } else { None };
+    let offsets = if s.offsets.is_empty() { vec![0i32] } else { s.offsets.clone() };
+    (s.nulls, validity, PyBytes::new(py, &s.data), PyBytes::new(py, bytes_of(&offsets)))
+}
+
 /// `texts(pieces, path, filtered=None)`: the text of the field at `path` (a top-level
 /// key, then keys of nested maps) of every row of `pieces` (as `build` takes them,
 /// `filtered` included), as grep sees it (`as_text`), null where missing or nil:
@@ -154,22 +176,37 @@ fn texts<'py>(
     filtered: Option<Vec<Filtered<'py>>>,
 ) -> PyResult<Option<Bound<'py, PyTuple>>> {
     let (selections, edits) = unpack_filtered(filtered, pieces.len())?;
-    let parts: Vec<edits::Rows> = pieces.iter().enumerate().map(|(i, (blob, now, bucket, start, stop))| edits::Rows {
-        blob: blob.as_bytes(),
-        now: *now,
-        bucket: *bucket,
-        start: *start,
-        stop: *stop,
-        selection: selections[i].as_ref().map(|b| b.as_bytes()),
-        edits: &edits[i],
-    }).collect();
+    let parts = rows_of(&pieces, &selections, &edits);
     let keys: Vec<&[u8]> = path.iter().map(|k| k.as_bytes()).collect();
-    let Ok((rows, nulls, validity, data, offsets)) = guarded(py, || edits::texts(&parts, &keys))? else {
+    let Ok(found) = guarded(py, || edits::texts(&parts, &keys))? else {
         return Ok(None);
     };
-    let validity = if nulls > 0 { Some(PyBytes::new(py, &validity)) } else { None };
-    let result = (rows, nulls, validity, PyBytes::new(py, &data), PyBytes::new(py, bytes_of(&offsets))).into_pyobject(py)?;
-    Ok(Some(result))
+    let (nulls, validity, data, offsets) = strings_tuple(py, &found);
+    Ok(Some((found.rows, nulls, validity, data, offsets).into_pyobject(py)?))
+}
+
+/// `values(pieces, path, filtered=None)`: what a condition reads of the field at
+/// `path` of every row: `(rows, kinds, texts, numbers)`, the kinds one byte per row
+/// (`edits::MISSING` .. `edits::RAW_BIN`), the texts `(null_count, validity, data,
+/// offsets)` of a string array (valid for str, UTF-8 bin, int and bool), the numbers
+/// float64 bytes (int and float). None if a piece is outside the native subset.
+#[pyfunction]
+#[pyo3(signature = (pieces, path, filtered=None))]
+fn values<'py>(
+    py: Python<'py>,
+    pieces: Vec<(Bound<'py, PyBytes>, Option<i64>, Option<i64>, usize, usize)>,
+    path: Vec<String>,
+    filtered: Option<Vec<Filtered<'py>>>,
+) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let (selections, edits) = unpack_filtered(filtered, pieces.len())?;
+    let parts = rows_of(&pieces, &selections, &edits);
+    let keys: Vec<&[u8]> = path.iter().map(|k| k.as_bytes()).collect();
+    let Ok((kinds, strings, numbers)) = guarded(py, || edits::values(&parts, &keys))? else {
+        return Ok(None);
+    };
+    let texts = strings_tuple(py, &strings);
+    let result = (kinds.len(), PyBytes::new(py, &kinds), texts, PyBytes::new(py, bytes_of(&numbers)));
+    Ok(Some(result.into_pyobject(py)?))
 }
 
 /// `entries_at(piece, rows, filtered=None)`: `[(start, end), ...]`, where in the
@@ -206,6 +243,7 @@ fn logrouter_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(scan, m)?)?;
     m.add_function(wrap_pyfunction!(build, m)?)?;
     m.add_function(wrap_pyfunction!(texts, m)?)?;
+    m.add_function(wrap_pyfunction!(values, m)?)?;
     m.add_function(wrap_pyfunction!(entries_at, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

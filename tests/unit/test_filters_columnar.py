@@ -20,9 +20,11 @@ from hypothesis import strategies as st
 from test_native_table import HOUR, NOW, assert_same_tables, entries_of, same_events
 
 from logrouter.batch import Batch
+from logrouter.filters.drop import DropFilter
 from logrouter.filters.fields import RemoveFilter, RenameFilter, SetFilter
 from logrouter.filters.grep import GrepFilter
 from logrouter.filters.match import MatchFilter
+from logrouter.filters.route import RouteFilter
 from logrouter.filters.sample import SampleFilter
 from logrouter.lake.convert import TableBuilder
 from logrouter.lake.native_table import PendingRows, build_table, file_schema_of
@@ -78,7 +80,27 @@ filters = st.one_of(
     st.builds(lambda rate, field: (SampleFilter, dict(rate=rate, rate_field=field)),
               st.integers(1, 4), st.sampled_from(["", "n", "w", "$.q.k"])),
 )
+fields_ = st.sampled_from(["a", "msg", "n", "$.m.k", "$.m", "$['é']", "$.m[0]"])
+literals = st.sampled_from(['"error"', '""', "0", "1", "-3", "12", "2.5", "true", "false", "null", "9007199254740993", '"é"'])
+tests_ = st.one_of(
+    st.builds("{} {} {}".format, fields_, st.sampled_from(["==", "!=", "<", "<=", ">", ">="]), literals)
+    .filter(lambda t: not (t.split()[1] in "<<=>>=" and t.split()[2] in ("true", "false", "null"))),
+    st.builds("{} {} {}".format, literals.filter(lambda v: v not in ("true", "false", "null")), st.sampled_from(["<", ">="]), fields_),
+    st.builds('{} {} "{}"'.format, fields_, st.sampled_from(["=~", "!~"]), patterns),
+    st.builds("exists({})".format, fields_),
+    st.builds("{} in [{}, {}]".format, fields_, *[st.sampled_from(['"error"', "1", "2.5", '"x"', "12"])] * 2),
+)
+conditions_ = st.recursive(
+    tests_, lambda inner: st.builds("({}) and ({})".format, inner, inner) | st.builds("({}) or ({})".format, inner, inner)
+    | st.builds("not ({})".format, inner), max_leaves=3,
+)
+filters = st.one_of(
+    filters,
+    st.builds(lambda c: (DropFilter, dict(condition=c)), conditions_),
+    st.builds(lambda c: (GrepFilter, dict(condition=c)), conditions_),
+)
 pipelines = st.lists(filters, min_size=1, max_size=4)
+routes = st.dictionaries(st.sampled_from(["x", "y", "z"]), conditions_, min_size=1, max_size=3)
 
 
 def run(pipeline, batch: Batch) -> Batch | None:
@@ -131,6 +153,20 @@ def test_a_pipeline_gives_the_same_events_and_rows_packed_as_on_records(events, 
         assert_same_tables(*lake_tables(packed.events, columns))
 
 
+@fuzz_settings(max_examples=150)
+@given(events_lists, pipelines, routes, st.booleans())
+def test_route_splits_packed_batches_as_records(events, pipeline, routes, first_match) -> None:
+    found = both(events, pipeline)
+    if found is None or found[0] is None:
+        return
+    packed, records = found
+    route = dict(routes=routes, first_match=first_match)
+    split, reference = make(RouteFilter, **route).process(packed), make(RouteFilter, **route).process(records)
+    assert list(split) == list(reference)
+    for name, part in split.items():
+        assert same_events(list(part.events), list(reference[name].events)), name
+
+
 # --- which cases stay packed ----------------------------------------------------------------
 
 
@@ -158,6 +194,19 @@ def test_grep_set_remove_rename_keep_the_batch_packed() -> None:
     assert batch.events._events is None  # the input batch was never decoded either
 
 
+def test_drop_grep_and_route_conditions_keep_the_batch_packed() -> None:
+    batch = packed_batch({"level": "error", "ms": 1500, "http": {"path": "/health"}}, {"level": "info", "ms": 3},
+                         {"level": "debug", "ms": 2.5, "http": {"path": "/api"}})
+    out = make(DropFilter, condition='$.http.path =~ "^/health" or level == "debug"').process(batch)
+    assert type(out.events) is PackedEvents and [r["ms"] for _, r in out.events] == [3]
+    out = make(GrepFilter, condition='ms > 2 and not exists($.http)').process(batch)
+    assert type(out.events) is PackedEvents and [r["ms"] for _, r in out.events] == [3]
+    split = make(RouteFilter, routes={"slow": "ms >= 1000", "errors": 'level in ["error", "fatal"]'}, first_match=True).process(batch)
+    assert {name: [r["ms"] for _, r in part.events] for name, part in split.items()} == {"slow": [1500], "_unmatched": [3, 2.5]}
+    assert all(type(part.events) is PackedEvents for part in split.values())
+    assert batch.events._events is None
+
+
 def test_sample_decodes_only_the_ends_and_keeps_the_batch_packed() -> None:
     batch = packed_batch(*({"n": i, "msg": "x" * i} for i in range(25)))
     out = make(SampleFilter, rate=4, rate_field="weight").process(batch)
@@ -180,7 +229,9 @@ def test_grep_on_ints_bools_and_a_nested_key_stays_packed() -> None:
     [
         (GrepFilter, dict(field="f", include="1")),  # a float's text is Python's
         (GrepFilter, dict(field="d", include="k")),  # so is a table's
-        (GrepFilter, dict(condition='f > 1')),  # conditions read records
+        (GrepFilter, dict(condition='f =~ "1"')),  # a float's text, in a condition too
+        (DropFilter, dict(condition='$.d[0] == 1')),  # a path with an index
+        (DropFilter, dict(condition='f == 9007199254740993')),  # an int a float64 cannot hold
         (SetFilter, dict(fields={"$.d.z": 1})),  # a path into a table
         (RemoveFilter, dict(fields=["$.d.k"])),
     ],
