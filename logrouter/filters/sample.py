@@ -9,8 +9,9 @@ events it saw the first time. With ``condition`` only the events it is true for 
 sampled; the others pass (sample the debug logs, keep everything else).
 
 On a batch of forward events still packed (``logrouter.filters.columnar``), sampling
-without ``key`` and ``condition`` decodes only the first and last events for the offset
-and keeps the batch packed (a ``rate_field`` at the top level becomes an edit).
+without ``key`` decodes only the first and last events sampled for the offset and keeps
+the batch packed: a ``condition`` is tested on the columns, a ``rate_field`` at the top
+level becomes an edit (not with a condition: then only some events get it).
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ class SampleFilter:
         return kept
 
     def process(self, batch: Batch) -> Batch | None:
-        packed = columnar.packed_of(batch) if self._key is None and self._condition is None else None
+        packed = columnar.packed_of(batch) if self._key is None else None
         if packed is not None and len(packed) and (self._rate_path is None or len(self._rate_path) == 1):
             out = self._packed(batch, packed)
             if out is not NotImplemented:
@@ -112,12 +113,29 @@ class SampleFilter:
     def _packed(self, batch: Batch, packed: Any) -> Any:
         """``process`` of a packed batch, kept packed; NotImplemented: read the records."""
         count, rate = len(packed), self.rate
-        rows: Any = range(count)
+        subject: Any = range(count)
+        if self._condition is not None:
+            if self._rate_path is not None:
+                return NotImplemented  # only the sampled events get the field: not one edit for all
+            mask = columnar.condition_mask(packed, self._condition.plan)
+            if mask is None:
+                return NotImplemented
+            import pyarrow.compute as pc
+
+            subject = pc.indices_nonzero(mask).to_pylist()
+            if not subject:
+                return batch
+        rows: Any = subject
         if rate > 1:
-            ends = columnar.events_at(packed, [0] if count == 1 else [0, count - 1])
+            first, last = subject[0], subject[-1]
+            ends = columnar.events_at(packed, [first] if first == last else [first, last])
             if ends is None:
                 return NotImplemented
-            rows = range((rate - self._offset_of(ends[0], ends[-1][0], count)) % rate, count, rate)
+            rows = subject[(rate - self._offset_of(ends[0], ends[-1][0], len(subject))) % rate :: rate]
+        if len(subject) < count:  # with a condition: the events it is false for pass
+            chosen = set(rows)
+            sampled = set(subject)
+            rows = [i for i in range(count) if i not in sampled or i in chosen]
         edit = None
         if self._rate_path is not None:
             edit = columnar.set_edit({self._rate_path[0]: rate})

@@ -98,6 +98,7 @@ filters = st.one_of(
     filters,
     st.builds(lambda c: (DropFilter, dict(condition=c)), conditions_),
     st.builds(lambda c: (GrepFilter, dict(condition=c)), conditions_),
+    st.builds(lambda rate, c: (SampleFilter, dict(rate=rate, condition=c)), st.integers(1, 3), conditions_),
 )
 pipelines = st.lists(filters, min_size=1, max_size=4)
 routes = st.dictionaries(st.sampled_from(["x", "y", "z"]), conditions_, min_size=1, max_size=3)
@@ -214,6 +215,9 @@ def test_sample_decodes_only_the_ends_and_keeps_the_batch_packed() -> None:
     reference = make(SampleFilter, rate=4, rate_field="weight").process(Batch(TAG, list(batch.events), "forward"))
     assert list(out.events) == reference.events and all(r["weight"] == 4 for _, r in reference.events)
     assert len(reference.events) in (6, 7)
+    debug = make(SampleFilter, rate=3, condition="n >= 10").process(batch)
+    assert type(debug.events) is PackedEvents and batch.events._events is None
+    assert [r["n"] for _, r in debug.events][:10] == list(range(10)) and len(debug.events) in (15, 16)
 
 
 def test_grep_on_ints_bools_and_a_nested_key_stays_packed() -> None:
