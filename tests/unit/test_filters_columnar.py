@@ -215,6 +215,7 @@ def test_sample_decodes_only_the_ends_and_keeps_the_batch_packed() -> None:
     reference = make(SampleFilter, rate=4, rate_field="weight").process(Batch(TAG, list(batch.events), "forward"))
     assert list(out.events) == reference.events and all(r["weight"] == 4 for _, r in reference.events)
     assert len(reference.events) in (6, 7)
+    batch = packed_batch(*({"n": i, "msg": "x" * i} for i in range(25)))  # not decoded yet
     debug = make(SampleFilter, rate=3, condition="n >= 10").process(batch)
     assert type(debug.events) is PackedEvents and batch.events._events is None
     assert [r["n"] for _, r in debug.events][:10] == list(range(10)) and len(debug.events) in (15, 16)
