@@ -7,7 +7,8 @@ message, a nested http table), divided by the event count; the input is built on
 never changed by the filters, so every run sees the same data.
 
 ``bench/filters.py --packed``: CPU time per event of forward entries through
-``grep`` + ``set`` + ``remove`` into a lake row group's table, the batch kept packed
+``grep`` + ``set`` + ``remove`` (and ``drop`` + ``sample`` with conditions + ``set``) into
+a lake row group's table, the batch kept packed
 (native columns, ``logrouter.filters.columnar``) against decoded to records (the
 path without the extension), alternating in one process; read the ratios.
 """
@@ -109,7 +110,7 @@ def condition(name, text):
     print("%-44s %6.3f µs/event" % ("condition: " + name, best(run, PLAIN) - best(loop, PLAIN)))
 
 
-def packed_pipeline(rounds=5):
+def packed_pipeline(label, make_pipeline, rounds=5):
     import msgpack
 
     from logrouter.filters.fields import RemoveFilter
@@ -124,11 +125,7 @@ def packed_pipeline(rounds=5):
         sys.exit("logrouter_native is not installed (or LOGROUTER_NATIVE=0): nothing to compare")
     blobs = [b"".join(msgpack.packb([msgpack.ExtType(0, (t // 10**9).to_bytes(4, "big") + (t % 10**9).to_bytes(4, "big")), r])
                       for t, r in b.events) for b in PLAIN]
-    pipeline = [
-        GrepFilter("g", options(GrepFilter, field="level", include="^(error|info)$"), errors),
-        SetFilter("s", options(SetFilter, fields={"env": "prod", "source": "${tag}"}), errors),
-        RemoveFilter("r", options(RemoveFilter, fields=["host"]), errors),
-    ]
+    pipeline = make_pipeline(RemoveFilter)
 
     def through(batch):
         for f in pipeline:
@@ -157,7 +154,7 @@ def packed_pipeline(rounds=5):
         return kept
 
     assert packed() == records()
-    print("grep + set + remove into a row group's table, %d batches of %d events, CPU µs per event in:" % (BATCHES, BATCH))
+    print("%s into a row group's table, %d batches of %d events, CPU µs per event in:" % (label, BATCHES, BATCH))
     ratios = []
     for _ in range(rounds):
         times = []
@@ -172,7 +169,16 @@ def packed_pipeline(rounds=5):
 
 
 if "--packed" in sys.argv:
-    packed_pipeline()
+    packed_pipeline("grep + set + remove", lambda RemoveFilter: [
+        GrepFilter("g", options(GrepFilter, field="level", include="^(error|info)$"), errors),
+        SetFilter("s", options(SetFilter, fields={"env": "prod", "source": "${tag}"}), errors),
+        RemoveFilter("r", options(RemoveFilter, fields=["host"]), errors),
+    ])
+    packed_pipeline("drop (condition) + sample (condition) + set", lambda _: [
+        DropFilter("d", options(DropFilter, condition='$.http.path =~ "^/health" or $.http.status == 404'), errors),
+        SampleFilter("s", options(SampleFilter, rate=10, condition='level == "debug"'), errors),
+        SetFilter("e", options(SetFilter, fields={"env": "prod"}), errors),
+    ])
     sys.exit(0)
 
 print("batches of %d events, best of 20 runs over %d events" % (BATCH, N))
