@@ -178,42 +178,54 @@ def condition_mask(packed: PackedEvents, plan: tuple | None) -> Any:
         return None
     import pyarrow as pa
 
-    columns: dict[tuple, Any] = {}
     try:
-        return _Evaluator(packed, columns).mask(plan)
+        return _Evaluator(packed, _columns(packed, _paths(plan))).mask(plan)
     except (_Fallback, pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
 
 
+def _paths(plan: tuple) -> list[tuple]:
+    """The field paths a plan reads, each once, in order."""
+    if plan[0] in ("and", "or"):
+        found = [path for part in plan[1] for path in _paths(part)]
+        return list(dict.fromkeys(found))
+    if plan[0] == "not":
+        return _paths(plan[1])
+    return [tuple(plan[1])]
+
+
+def _columns(packed: PackedEvents, paths: list[tuple]) -> dict[tuple, tuple]:
+    """(kinds, texts, numbers) arrays per path, read in one walk over the entries."""
+    if not all(key.__class__ is str for path in paths for key in path):
+        raise _Fallback  # an index into an array: the records decide
+    filtered = packed.filtered()
+    try:
+        raw = NATIVE.values([packed.piece()], [list(path) for path in paths], None if filtered is None else [filtered])  # type: ignore[union-attr]
+    except Exception:  # noqa: BLE001 - a bug in the extension: the records decide
+        raise _Fallback from None
+    if raw is None or any(found[0] != len(packed) for found in raw):
+        raise _Fallback
+    import pyarrow as pa
+
+    columns = {}
+    for path, (rows, kinds, (nulls, validity, data, offsets), numbers) in zip(paths, raw):
+        columns[path] = (
+            pa.Array.from_buffers(pa.uint8(), rows, [None, pa.py_buffer(kinds)]),
+            pa.Array.from_buffers(pa.string(), rows, [None if validity is None else pa.py_buffer(validity),
+                                                      pa.py_buffer(offsets), pa.py_buffer(data)], nulls),
+            pa.Array.from_buffers(pa.float64(), rows, [None, pa.py_buffer(numbers)]),
+        )
+    return columns
+
+
 class _Evaluator:
-    def __init__(self, packed: PackedEvents, columns: dict) -> None:
+    def __init__(self, packed: PackedEvents, columns: dict[tuple, tuple]) -> None:
         self.packed = packed
         self.columns = columns
 
     def column(self, path: tuple) -> tuple:
-        """(kinds, texts, numbers) of the field at ``path``, read once per condition."""
-        found = self.columns.get(path)
-        if found is None:
-            if not all(key.__class__ is str for key in path):
-                raise _Fallback
-            filtered = self.packed.filtered()
-            try:
-                raw = NATIVE.values([self.packed.piece()], list(path), None if filtered is None else [filtered])  # type: ignore[union-attr]
-            except Exception:  # noqa: BLE001 - a bug in the extension: the records decide
-                raise _Fallback from None
-            if raw is None or raw[0] != len(self.packed):
-                raise _Fallback
-            import pyarrow as pa
-
-            rows, kinds, (nulls, validity, data, offsets), numbers = raw
-            found = (
-                pa.Array.from_buffers(pa.uint8(), rows, [None, pa.py_buffer(kinds)]),
-                pa.Array.from_buffers(pa.string(), rows, [None if validity is None else pa.py_buffer(validity),
-                                                          pa.py_buffer(offsets), pa.py_buffer(data)], nulls),
-                pa.Array.from_buffers(pa.float64(), rows, [None, pa.py_buffer(numbers)]),
-            )
-            self.columns[path] = found
-        return found
+        """(kinds, texts, numbers) of the field at ``path``."""
+        return self.columns[path]
 
     def kind_in(self, path: tuple, *kinds: int) -> Any:
         import pyarrow as pa

@@ -247,13 +247,26 @@ pub const WIDE_INT: u8 = 8;
 /// A bin that is not UTF-8: its text (lossy) only Python gives.
 pub const RAW_BIN: u8 = 9;
 
-/// What conditions read of the field at `path` of each selected row: its kind (one of
-/// the codes above), its text where it has one (str, UTF-8 bin, int, bool), and its
-/// number (int or float, as float64; 0 otherwise).
-pub fn values(pieces: &[Rows], path: &[&[u8]]) -> R<(Vec<u8>, Strings, Vec<f64>)> {
-    let (mut kinds, mut texts, mut numbers) = (Vec::new(), Strings::default(), Vec::new());
-    const EXACT: i64 = 1 << 53;
+/// What a condition reads of one field, per row: kinds, texts, numbers.
+pub type Values = (Vec<u8>, Strings, Vec<f64>);
+
+/// What conditions read of the fields at `paths` of each selected row, in one walk:
+/// per path, each row's kind (one of the codes above), its text where it has one (str,
+/// UTF-8 bin, int, bool), and its number (int or float, as float64; 0 otherwise).
+pub fn values(pieces: &[Rows], paths: &[Vec<&[u8]>]) -> R<Vec<Values>> {
+    let mut out: Vec<Values> = paths.iter().map(|_| (Vec::new(), Strings::default(), Vec::new())).collect();
     each_row(pieces, |row| {
+        for (path, (kinds, texts, numbers)) in paths.iter().zip(out.iter_mut()) {
+            value(row, path, kinds, texts, numbers)?;
+        }
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+fn value(row: &[Span], path: &[&[u8]], kinds: &mut Vec<u8>, texts: &mut Strings, numbers: &mut Vec<f64>) -> R<()> {
+    const EXACT: i64 = 1 << 53;
+    {
         let head = lookup(row, path)?;
         let (kind, number) = match head {
             None => (MISSING, 0.0),
@@ -273,8 +286,7 @@ pub fn values(pieces: &[Rows], path: &[&[u8]]) -> R<(Vec<u8>, Strings, Vec<f64>)
             text(&head.ok_or(Outside)?, &mut texts.data);
         }
         texts.push(has_text)
-    })?;
-    Ok((kinds, texts, numbers))
+    }
 }
 
 /// Where the entries of the rows numbered `wanted` (ascending, among the piece's

@@ -185,28 +185,35 @@ fn texts<'py>(
     Ok(Some((found.rows, nulls, validity, data, offsets).into_pyobject(py)?))
 }
 
-/// `values(pieces, path, filtered=None)`: what a condition reads of the field at
-/// `path` of every row: `(rows, kinds, texts, numbers)`, the kinds one byte per row
+/// `values(pieces, paths, filtered=None)`: what a condition reads of the fields at
+/// `paths` (each a top-level key, then keys of nested maps) of every row, in one walk:
+/// per path `(rows, kinds, texts, numbers)`, the kinds one byte per row
 /// (`edits::MISSING` .. `edits::RAW_BIN`), the texts `(null_count, validity, data,
 /// offsets)` of a string array (valid for str, UTF-8 bin, int and bool), the numbers
 /// float64 bytes (int and float). None if a piece is outside the native subset.
 #[pyfunction]
-#[pyo3(signature = (pieces, path, filtered=None))]
+#[pyo3(signature = (pieces, paths, filtered=None))]
 fn values<'py>(
     py: Python<'py>,
     pieces: Vec<(Bound<'py, PyBytes>, Option<i64>, Option<i64>, usize, usize)>,
-    path: Vec<String>,
+    paths: Vec<Vec<String>>,
     filtered: Option<Vec<Filtered<'py>>>,
-) -> PyResult<Option<Bound<'py, PyTuple>>> {
+) -> PyResult<Option<Bound<'py, PyList>>> {
     let (selections, edits) = unpack_filtered(filtered, pieces.len())?;
     let parts = rows_of(&pieces, &selections, &edits);
-    let keys: Vec<&[u8]> = path.iter().map(|k| k.as_bytes()).collect();
-    let Ok((kinds, strings, numbers)) = guarded(py, || edits::values(&parts, &keys))? else {
+    let keys: Vec<Vec<&[u8]>> = paths.iter().map(|path| path.iter().map(|k| k.as_bytes()).collect()).collect();
+    if keys.iter().any(|path| path.is_empty()) {
+        return Err(PyValueError::new_err("paths: each names at least a top-level key"));
+    }
+    let Ok(found) = guarded(py, || edits::values(&parts, &keys))? else {
         return Ok(None);
     };
-    let texts = strings_tuple(py, &strings);
-    let result = (kinds.len(), PyBytes::new(py, &kinds), texts, PyBytes::new(py, bytes_of(&numbers)));
-    Ok(Some(result.into_pyobject(py)?))
+    let out = PyList::empty(py);
+    for (kinds, strings, numbers) in &found {
+        let texts = strings_tuple(py, strings);
+        out.append((kinds.len(), PyBytes::new(py, kinds), texts, PyBytes::new(py, bytes_of(numbers))))?;
+    }
+    Ok(Some(out))
 }
 
 /// `entries_at(piece, rows, filtered=None)`: `[(start, end), ...]`, where in the

@@ -305,7 +305,7 @@ def test_damaged_entries_with_filters_never_crash_the_extension(entries, rows, e
             NATIVE.build([piece], schema, True, None if filtered is None else [filtered])
         NATIVE.texts([piece], ["a"], None if filtered is None else [filtered])
         NATIVE.texts([piece], ["m", "k"], None if filtered is None else [filtered])
-        NATIVE.values([piece], ["m", "k"], None if filtered is None else [filtered])
+        NATIVE.values([piece], [["m", "k"], ["a"]], None if filtered is None else [filtered])
         NATIVE.entries_at(piece, sorted(set(rows)), filtered)
 
 
