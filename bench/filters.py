@@ -5,9 +5,16 @@ Run by hand: ``.venv/bin/python bench/filters.py``. Each line is the best of 20 
 ``process`` over 100 batches of 1000 events (realistic small records: host, level, a
 message, a nested http table), divided by the event count; the input is built once and
 never changed by the filters, so every run sees the same data.
+
+``bench/filters.py --packed``: CPU time per event of forward entries through
+``grep`` + ``set`` + ``remove`` (and ``drop`` + ``sample`` with conditions + ``set``) into
+a lake row group's table, the batch kept packed
+(native columns, ``logrouter.filters.columnar``) against decoded to records (the
+path without the extension), alternating in one process; read the ratios.
 """
 import json
 import random
+import sys
 import time
 
 from twisted.internet import task
@@ -102,6 +109,77 @@ def condition(name, text):
 
     print("%-44s %6.3f µs/event" % ("condition: " + name, best(run, PLAIN) - best(loop, PLAIN)))
 
+
+def packed_pipeline(label, make_pipeline, rounds=5):
+    import msgpack
+
+    from logrouter.filters.fields import RemoveFilter
+    from logrouter.lake.convert import TableBuilder
+    from logrouter.lake.native_table import PendingRows, build_table, file_schema_of
+    from logrouter.lake.schema import ColumnTypes, file_schema
+    from logrouter.native import NATIVE
+    from logrouter.wire.forward_lazy import PackedEvents, lazy_events
+    from logrouter.wire.forward_packed import decode_entries
+
+    if NATIVE is None:
+        sys.exit("logrouter_native is not installed (or LOGROUTER_NATIVE=0): nothing to compare")
+    blobs = [b"".join(msgpack.packb([msgpack.ExtType(0, (t // 10**9).to_bytes(4, "big") + (t % 10**9).to_bytes(4, "big")), r])
+                      for t, r in b.events) for b in PLAIN]
+    pipeline = make_pipeline(RemoveFilter)
+
+    def through(batch):
+        for f in pipeline:
+            batch = f.process(batch)
+        return batch
+
+    def packed():
+        kept = 0
+        for blob in blobs:
+            out = through(Batch("app.web", lazy_events(blob, None), "forward"))
+            assert type(out.events) is PackedEvents and out.events._events is None
+            pending = PendingRows()
+            pending.extend(out.events)
+            types = ColumnTypes({})
+            kept += build_table(TableBuilder(file_schema_of(types, pending, {}), types), pending).num_rows
+        return kept
+
+    def records():
+        kept = 0
+        for blob in blobs:
+            events, _ = decode_entries(blob, None)
+            out = through(Batch("app.web", events, "forward"))
+            types, inferred = ColumnTypes({}), {}
+            schema = file_schema(types, [r for _, r in out.events], inferred)
+            kept += TableBuilder(schema, types).build(out.events, inferred).num_rows
+        return kept
+
+    assert packed() == records()
+    print("%s into a row group's table, %d batches of %d events, CPU µs per event in:" % (label, BATCHES, BATCH))
+    ratios = []
+    for _ in range(rounds):
+        times = []
+        for run in (records, packed):
+            t = time.process_time()
+            run()
+            times.append((time.process_time() - t) / N * 1e6)
+        ratios.append(times[0] / times[1])
+        print("  records %.3f  packed %.3f  records/packed %.1fx" % (times[0], times[1], ratios[-1]))
+    ratios.sort()
+    print("median records/packed: %.1fx (%.1f-%.1fx)" % (ratios[len(ratios) // 2], ratios[0], ratios[-1]))
+
+
+if "--packed" in sys.argv:
+    packed_pipeline("grep + set + remove", lambda RemoveFilter: [
+        GrepFilter("g", options(GrepFilter, field="level", include="^(error|info)$"), errors),
+        SetFilter("s", options(SetFilter, fields={"env": "prod", "source": "${tag}"}), errors),
+        RemoveFilter("r", options(RemoveFilter, fields=["host"]), errors),
+    ])
+    packed_pipeline("drop (condition) + sample (condition) + set", lambda _: [
+        DropFilter("d", options(DropFilter, condition='$.http.path =~ "^/health" or $.http.status == 404'), errors),
+        SampleFilter("s", options(SampleFilter, rate=10, condition='level == "debug"'), errors),
+        SetFilter("e", options(SetFilter, fields={"env": "prod"}), errors),
+    ])
+    sys.exit(0)
 
 print("batches of %d events, best of 20 runs over %d events" % (BATCH, N))
 condition('level == "debug"', 'level == "debug"')

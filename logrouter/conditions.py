@@ -34,6 +34,10 @@ Semantics are total: evaluating never raises, whatever the record holds.
 * ``exists(f)`` is true when the field is present, even if null.
 * ``in [..]`` is ``==`` against any of the listed strings or numbers.
 
+Each parsed test also carries its ``plan``, the expression as data (``("eq", path,
+value)``, ``("and", [plans])``, …), so a batch kept as columns can be tested without
+records (``logrouter.filters.columnar``); the closures are the reference.
+
 A malformed expression raises ``ConditionError`` (a ``ValueError``) whose message starts
 with the column (1-based) where it went wrong; the config loader puts the option's path
 in front (``filters.web.condition: column 9: …``).
@@ -189,21 +193,21 @@ class _Parser:
         while self.is_word("or"):
             self.take()
             tests.append(self.and_())
-        return _any(tests) if len(tests) > 1 else tests[0]
+        return _planned(_any(tests), "or", tests) if len(tests) > 1 else tests[0]
 
     def and_(self) -> Test:
         tests = [self.not_()]
         while self.is_word("and"):
             self.take()
             tests.append(self.not_())
-        return _all(tests) if len(tests) > 1 else tests[0]
+        return _planned(_all(tests), "and", tests) if len(tests) > 1 else tests[0]
 
     def not_(self) -> Test:
         token = self.peek()
         if self.is_word("not"):
             self.take()
             inner = self.not_()
-            return lambda record: not inner(record)
+            return _negated(inner)
         if token.kind == "punct" and token.value == "(":
             self.take()
             inner = self.or_()
@@ -216,7 +220,7 @@ class _Parser:
             if field.kind != "field":
                 raise self.error(field, f"exists takes a field, found {field.describe()}")
             self.expect("punct", ")", "')'")
-            return _exists(field.value)
+            return _plan(_exists(field.value), ("exists", field.value))
         return self.test()
 
     def test(self) -> Test:
@@ -243,9 +247,9 @@ class _Parser:
                 search = regex.compile(right.value).searcher()
             except regex.RegexError as e:
                 raise self.error(right, str(e)) from None
-            test = _regex(left.value, search)
+            test = _plan(_regex(left.value, search), ("regex", left.value, right.value))
             if op.value == "!~":
-                return lambda record: not test(record)
+                return _negated(test)
             return test
         if left.kind == right.kind:
             raise self.error(left, "a comparison needs one field and one value")
@@ -254,13 +258,13 @@ class _Parser:
             left, right, name = right, left, _FLIP[name]
         value = right.value
         if name in ("==", "!="):
-            test = _equals(left.value, value)
+            test = _plan(_equals(left.value, value), ("eq", left.value, value))
             if name == "!=":
-                return lambda record: not test(record)
+                return _negated(test)
             return test
         if value is None or isinstance(value, bool):
             raise self.error(right, f"{op.value} orders numbers or strings, not {right.describe()}")
-        return _order(left.value, name, value)
+        return _plan(_order(left.value, name, value), ("order", left.value, name, value))
 
     def membership(self, field: _Token) -> Test:
         self.expect("punct", "[", "'[' after in")
@@ -283,10 +287,26 @@ class _Parser:
             value = get(record)
             return value.__class__ in scalar and value in choices
 
-        return test
+        return _plan(test, ("in", field.value, tuple(values)))
 
 
 # --- the closures -------------------------------------------------------------------------
+
+
+def _plan(test: Test, plan: tuple) -> Test:
+    test.plan = plan  # type: ignore[attr-defined]
+    return test
+
+
+def _planned(test: Test, op: str, parts: list[Test]) -> Test:
+    plans = [getattr(part, "plan", None) for part in parts]
+    return _plan(test, (op, plans)) if all(plan is not None for plan in plans) else test
+
+
+def _negated(inner: Test) -> Test:
+    test = lambda record: not inner(record)  # noqa: E731
+    plan = getattr(inner, "plan", None)
+    return test if plan is None else _plan(test, ("not", plan))
 
 
 def _any(tests: list[Test]) -> Test:
@@ -391,13 +411,15 @@ def _as_text(value: Any) -> str:
 class Condition:
     """A parsed condition: ``test(record)`` for one record, ``split(events)`` for a batch."""
 
-    __slots__ = ("text", "test")
+    __slots__ = ("text", "test", "plan")
 
     def __init__(self, text: str) -> None:
         if not isinstance(text, str):
             raise ValueError(f"a condition is a string, got {text!r}")
         self.text = text
         self.test: Test = _Parser(text).parse()
+        #: the expression as data (see the module's docstring), for batches kept as columns
+        self.plan: tuple | None = getattr(self.test, "plan", None)
 
     def __call__(self, record: dict[str, Any]) -> bool:
         return self.test(record)

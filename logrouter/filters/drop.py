@@ -1,4 +1,8 @@
-"""The ``drop`` filter: drops the records a condition selects (``logrouter.conditions``)."""
+"""The ``drop`` filter: drops the records a condition selects (``logrouter.conditions``).
+
+A batch of forward entries still packed is tested on its columns where the condition
+allows (``logrouter.filters.columnar.condition_mask``) and stays packed.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ from logrouter import conditions, registry
 from logrouter.batch import Batch, Event
 from logrouter.config.options import Option
 from logrouter.errors import ErrorPath
+from logrouter.filters import columnar
 from logrouter.filters.common import narrowed
 
 
@@ -49,6 +54,15 @@ class DropFilter:
         self.dropped = 0
 
     def process(self, batch: Batch) -> Batch | None:
+        packed = columnar.packed_of(batch)
+        if packed is not None:  # forward entries still packed: tested on their columns
+            dropping = columnar.condition_mask(packed, self.condition.plan)
+            if dropping is not None:
+                import pyarrow.compute as pc
+
+                keep = pc.invert(dropping)
+                self.dropped += len(packed) - pc.sum(keep).as_py() if len(packed) else 0
+                return columnar.selected(batch, packed, keep)
         kept = evaluate(self.condition, self.name, batch, self.errors, keep_when=False)
         self.dropped += len(batch.events) - len(kept)
         return narrowed(batch, kept)

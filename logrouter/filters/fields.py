@@ -6,6 +6,10 @@ top-level key (``"level"``, dots included) or ``$.a.b``, ``$['a']['b']``, ``$.a[
 The filters never mutate their input: a record they change is shallow-copied, and a nested
 table on a changed path is copied too (copy on write), because a batch may fan out to
 several branches. A record they leave unchanged is passed on as the same object.
+
+On a batch of forward entries still packed (``logrouter.filters.columnar``), a change to
+top-level fields only (``set`` values JSON-like, placeholders resolved per batch) is
+recorded as an edit and the batch stays packed; a ``$.a.b`` path reads records.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from logrouter import paths, registry
 from logrouter.batch import Batch, Event
 from logrouter.config.options import Option
 from logrouter.errors import ErrorPath
+from logrouter.filters import columnar
 
 # Per-tag caches are cleared when they reach this size: sources send few distinct tags, so
 # this only matters against a flood of unique tags, where it keeps memory bounded.
@@ -170,6 +175,11 @@ class SetFilter:
 
     def process(self, batch: Batch) -> Batch | None:
         top, nested = self._resolved_for(batch.tag)
+        packed = None if nested else columnar.packed_of(batch)
+        if packed is not None:
+            edit = columnar.set_edit(top)
+            if edit is not None:
+                return columnar.edited(batch, packed, edit) if len(packed) else None
         out: list[Event] = []
         append = out.append
         for event in batch.events:
@@ -202,9 +212,13 @@ class RemoveFilter:
         paths = [_key_path(f) for f in options["fields"]]
         self._top = frozenset(p[0] for p in paths if len(p) == 1)
         self._nested = [p for p in paths if len(p) > 1]
+        self._edit = columnar.remove_edit(self._top)
 
     def process(self, batch: Batch) -> Batch | None:
         top, nested = self._top, self._nested
+        packed = None if nested else columnar.packed_of(batch)
+        if packed is not None:
+            return columnar.edited(batch, packed, self._edit) if len(packed) else None
         out: list[Event] = []
         append = out.append
         for event in batch.events:
@@ -239,9 +253,13 @@ class RenameFilter:
         _check_rename_fields(options["fields"])
         self._pairs = [(old, new) for old, new in options["fields"].items() if old != new]
         self._old = frozenset(old for old, _ in self._pairs)
+        self._edit = columnar.rename_edit(self._pairs)
 
     def process(self, batch: Batch) -> Batch | None:
         pairs, olds = self._pairs, self._old
+        packed = columnar.packed_of(batch)
+        if packed is not None:
+            return columnar.edited(batch, packed, self._edit) if len(packed) else None
         out: list[Event] = []
         append = out.append
         for event in batch.events:

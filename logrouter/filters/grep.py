@@ -5,6 +5,11 @@ Semantics follow Fluentd's grep filter: ``include`` keeps records whose field ma
 match ``include`` and not ``exclude``. A record without the field (or with a null value)
 never passes ``include`` and always passes ``exclude``. Instead of a field and regexes,
 ``condition`` (``logrouter.conditions``) keeps the records it is true for.
+
+On a batch of forward entries still packed, ``field`` with ``include`` / ``exclude`` is
+evaluated on the field's column (``logrouter.filters.columnar``), and so is a
+``condition`` (``columnar.condition_mask``): the batch stays packed. A field whose
+value only Python renders reads records.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from logrouter import conditions, regex, registry
 from logrouter.batch import Batch, Event
 from logrouter.config.options import Option
 from logrouter.errors import ErrorPath
+from logrouter.filters import columnar
 from logrouter.filters.common import narrowed
 from logrouter.filters.drop import evaluate
 from logrouter.filters.fields import field_getter, parse_field_path
@@ -72,13 +78,25 @@ class GrepFilter:
         self._get = field_getter(path)
         # A top-level key is read inline in the loop: a call per event costs a third more.
         self._key = path[0] if len(path) == 1 else None
+        self._path = tuple(path)
         include, exclude = options.get("include"), options.get("exclude")
+        self._patterns = (include, exclude)
         self._include = regex.compile(include).searcher() if include is not None else None
         self._exclude = regex.compile(exclude).searcher() if exclude is not None else None
 
     def process(self, batch: Batch) -> Batch | None:
         if self._condition is not None:
+            packed = columnar.packed_of(batch)
+            if packed is not None:
+                keep = columnar.condition_mask(packed, self._condition.plan)
+                if keep is not None:
+                    return columnar.selected(batch, packed, keep)
             return narrowed(batch, evaluate(self._condition, self.name, batch, self.errors, keep_when=True))
+        packed = columnar.packed_of(batch)
+        if packed is not None:  # forward entries still packed: on their columns, undecoded
+            keep = columnar.grep_selection(packed, self._path, *self._patterns)
+            if keep is not None:
+                return columnar.selected(batch, packed, keep)
         get, key, include, exclude = self._get, self._key, self._include, self._exclude
         # What a record without the field does is the same for the whole batch.
         keep_missing = include is None

@@ -6,7 +6,9 @@ named outputs), never the filter as a whole. Each route is a condition
 (``first_match = false``, as Vector's ``route``), or only to the first in the order
 written (``first_match = true``, as a Fluentd ``<match>`` chain); events no route takes
 go to ``_unmatched``. Events are not copied: a record reaching two routes is the same
-object in both (filters never change their input records in place).
+object in both (filters never change their input records in place). A batch of forward
+entries still packed is split on its columns where the conditions allow
+(``logrouter.filters.columnar.condition_mask``): each output stays packed.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from logrouter.batch import Batch
 from logrouter.config.load import ERRORS_OUTPUT
 from logrouter.config.options import Option, Problems
 from logrouter.errors import ErrorPath
+from logrouter.filters import columnar
 
 UNMATCHED = "_unmatched"
 _NAME = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -67,9 +70,15 @@ class RouteFilter:
         self.name = name
         self.errors = errors
         self.routes = [(route, conditions.Condition(text).test) for route, text in options["routes"].items()]
+        self._plans = [conditions.Condition(text).plan for text in options["routes"].values()]
         self.first_match = options["first_match"]
 
     def process(self, batch: Batch) -> dict[str, Batch]:
+        packed = columnar.packed_of(batch)
+        if packed is not None:
+            out = self._packed(batch, packed)
+            if out is not None:
+                return out
         events = batch.events
         taken = [False] * len(events)
         out: dict[str, Batch] = {}
@@ -87,4 +96,28 @@ class RouteFilter:
         rest = [event for i, event in enumerate(events) if not taken[i]]
         if rest:
             out[UNMATCHED] = batch.replace(rest)
+        return out
+
+    def _packed(self, batch: Batch, packed: Any) -> dict[str, Batch] | None:
+        """``process`` on the packed batch's columns; None: test the records."""
+        import pyarrow.compute as pc
+
+        masks = []
+        for plan in self._plans:
+            mask = columnar.condition_mask(packed, plan)
+            if mask is None:
+                return None
+            masks.append(mask)
+        out: dict[str, Batch] = {}
+        taken = None
+        for (route, _), mask in zip(self.routes, masks):
+            if self.first_match and taken is not None:
+                mask = pc.and_(mask, pc.invert(taken))
+            part = columnar.selected(batch, packed, mask)
+            if part is not None:
+                out[route] = batch.replace(events=packed) if part is batch else part
+            taken = mask if taken is None else pc.or_(taken, mask)
+        rest = columnar.selected(batch, packed, pc.invert(taken))
+        if rest is not None:
+            out[UNMATCHED] = batch.replace(events=packed) if rest is batch else rest
         return out

@@ -7,6 +7,11 @@ key are kept or dropped together, across batches, restarts and routers. Both cho
 depend only on the data, so a sink replaying the spool after a failure sees exactly the
 events it saw the first time. With ``condition`` only the events it is true for are
 sampled; the others pass (sample the debug logs, keep everything else).
+
+On a batch of forward events still packed (``logrouter.filters.columnar``), sampling
+without ``key`` decodes only the first and last events sampled for the offset and keeps
+the batch packed: a ``condition`` is tested on the columns, a ``rate_field`` at the top
+level becomes an edit (not with a condition: then only some events get it).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from logrouter import conditions, paths, registry
 from logrouter.batch import Batch, Event
 from logrouter.config.options import Option, positive
 from logrouter.errors import ErrorPath
+from logrouter.filters import columnar
 from logrouter.filters.common import key_function, narrowed, on_tables, replaced
 
 KEY_CACHE_SIZE = 65536
@@ -66,8 +72,10 @@ class SampleFilter:
         self.dropped = 0
 
     def _offset(self, events: list[Event]) -> int:
-        first = events[0]
-        seed = f"{first[0]}:{events[-1][0]}:{len(events)}:{first[1]!r}"
+        return self._offset_of(events[0], events[-1][0], len(events))
+
+    def _offset_of(self, first: Event, last_time: int, count: int) -> int:
+        seed = f"{first[0]}:{last_time}:{count}:{first[1]!r}"
         return stable_hash(seed) % self.rate
 
     def _sampled(self, events: list[Event]) -> list[Event]:
@@ -93,9 +101,53 @@ class SampleFilter:
         return kept
 
     def process(self, batch: Batch) -> Batch | None:
+        packed = columnar.packed_of(batch) if self._key is None else None
+        if packed is not None and len(packed) and (self._rate_path is None or len(self._rate_path) == 1):
+            out = self._packed(batch, packed)
+            if out is not NotImplemented:
+                return out
         kept = on_tables(self.name, batch, self.errors, self._run)
         self.dropped += len(batch.events) - len(kept)
         return narrowed(batch, kept) if self._rate_path is None else replaced(batch, kept)
+
+    def _packed(self, batch: Batch, packed: Any) -> Any:
+        """``process`` of a packed batch, kept packed; NotImplemented: read the records."""
+        count, rate = len(packed), self.rate
+        subject: Any = range(count)
+        if self._condition is not None:
+            if self._rate_path is not None:
+                return NotImplemented  # only the sampled events get the field: not one edit for all
+            mask = columnar.condition_mask(packed, self._condition.plan)
+            if mask is None:
+                return NotImplemented
+            import pyarrow.compute as pc
+
+            subject = pc.indices_nonzero(mask).to_pylist()
+            if not subject:
+                return batch
+        rows: Any = subject
+        if rate > 1:
+            first, last = subject[0], subject[-1]
+            ends = columnar.events_at(packed, [first] if first == last else [first, last])
+            if ends is None:
+                return NotImplemented
+            rows = subject[(rate - self._offset_of(ends[0], ends[-1][0], len(subject))) % rate :: rate]
+        if len(subject) < count:  # with a condition: the events it is false for pass
+            chosen = set(rows)
+            sampled = set(subject)
+            rows = [i for i in range(count) if i not in sampled or i in chosen]
+        edit = None
+        if self._rate_path is not None:
+            edit = columnar.set_edit({self._rate_path[0]: rate})
+            if edit is None:
+                return NotImplemented
+        self.dropped += count - len(rows)
+        if not rows:
+            return None
+        if len(rows) < count:
+            batch = batch.replace(events=packed.narrowed(rows))  # type: ignore[arg-type]
+            packed = batch.events
+        return batch if edit is None else columnar.edited(batch, packed, edit)
 
     def _run(self, events: list[Event]) -> list[Event]:
         condition = self._condition

@@ -10,7 +10,8 @@ Python object per event. Otherwise — rows from another source, a record the
 extension leaves to Python, no extension — they are what ``schema.file_schema`` and
 ``convert.TableBuilder.build`` make of the decoded events, which is the reference:
 the native path gives the same schema, the same learned types and the same table
-(tests/unit/test_native_table.py).
+(tests/unit/test_native_table.py), also for rows filters narrowed and edited while
+packed (``PackedEvents.filtered``, tests/unit/test_filters_columnar.py).
 """
 
 from __future__ import annotations
@@ -95,7 +96,11 @@ def _run(parts: list[PackedEvents], columns: list[tuple[str, int]], build: bool)
     # Blobs the extension scanned already are not checked again (PackedEvents.checked).
     checked = all(part.checked for part in parts)
     try:
-        return NATIVE.build([part.piece() for part in parts], columns, build, checked)  # type: ignore[union-attr]
+        filtered = [part.filtered() for part in parts]
+        if not any(filtered):  # as before filters could keep batches packed
+            return NATIVE.build([part.piece() for part in parts], columns, build, None, checked)  # type: ignore[union-attr]
+        filtered = [(None, []) if f is None else f for f in filtered]
+        return NATIVE.build([part.piece() for part in parts], columns, build, filtered, checked)  # type: ignore[union-attr]
     except Exception:  # noqa: BLE001 - a bug in the extension: the Python path is the reference
         return None
 

@@ -9,6 +9,13 @@ building anything. A Parquet sink hands such events to the native decoder, which
 builds the lake's columns from the same bytes (``logrouter.lake.native_table``), so
 on a route without filters that read records an event never becomes a Python object.
 
+Filters that know packed batches (``logrouter.filters.columnar``) narrow and edit them
+without decoding: a ``PackedEvents`` may carry a ``selection`` (the row numbers kept,
+ascending, among its rows) and ``edits`` (``Edit``: top-level fields set to constants,
+removed or renamed). ``events()`` applies them to the decoded records (copies: the
+reference, with ``logrouter.filters.fields``' semantics) and the native build applies
+the same while it fills the columns (``native/src/edits.rs``), so the rows agree.
+
 ``lazy_events(entries, now)`` makes one, or answers None where the native
 extension is not installed or the blob is outside the subset it takes (see
 ``native/src/reader.rs``): the caller then decodes it in Python as before.
@@ -18,24 +25,71 @@ time-0 entry needs it.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from logrouter.native import NATIVE
 
-__all__ = ["HOUR_NS", "PackedEvents", "kept_or_decoded", "lazy_events"]
+__all__ = ["HOUR_NS", "Edit", "PackedEvents", "kept_or_decoded", "lazy_events"]
 
 Event = tuple[int, dict[str, Any]]
 HOUR_NS = 3_600_000_000_000  # as logrouter.lake.partition: the hour buckets the lake splits by
 
 
+class Edit:
+    """One filter's change to every record of a packed batch: ``op`` ``SET`` (``pairs``:
+    top-level key -> value), ``REMOVE`` (keys -> None) or ``RENAME`` (old -> new, at
+    once); ``native`` is the same as ``logrouter_native`` takes it (keys as UTF-8, set
+    values as msgpack)."""
+
+    SET, REMOVE, RENAME = 1, 2, 3
+    __slots__ = ("op", "pairs", "native")
+
+    def __init__(self, op: int, pairs: tuple[tuple[str, Any], ...], native: tuple) -> None:
+        self.op = op
+        self.pairs = pairs
+        self.native = native
+
+    def apply(self, record: dict[str, Any]) -> dict[str, Any]:
+        """The record as the filter's record path makes it (a copy when changed)."""
+        if self.op == Edit.SET:
+            return {**record, **dict(self.pairs)}
+        if self.op == Edit.REMOVE:
+            if not any(key in record for key, _ in self.pairs):
+                return record
+            new = dict(record)
+            for key, _ in self.pairs:
+                new.pop(key, None)
+            return new
+        if not any(old in record for old, _ in self.pairs):
+            return record
+        new = dict(record)
+        for old, _ in self.pairs:
+            new.pop(old, None)
+        for old, name in self.pairs:
+            if old in record:
+                new[name] = record[old]
+        return new
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Edit) and (self.op, self.pairs) == (other.op, other.pairs)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Edit({self.op}, {self.pairs!r})"
+
+
 class PackedEvents(Sequence):
     """The events of an entries blob, or of the rows ``start`` to ``stop`` among those of
-    its hour ``bucket`` (None: all its entries). Never changed once made; shared between
-    threads like any batch's events (a decode two threads race for gives both the same).
+    its hour ``bucket`` (None: all its entries); of those only the ``selection`` (row
+    numbers from 0, ascending; None: all), each with ``edits`` applied in order. Never
+    changed once made; shared between threads like any batch's events (a decode two
+    threads race for gives both the same).
     """
 
-    __slots__ = ("entries", "now", "bucket", "start", "stop", "buckets", "checked", "_events")
+    __slots__ = ("entries", "now", "bucket", "start", "stop", "buckets", "selection", "edits", "checked", "_events")
 
     def __init__(
         self,
@@ -45,6 +99,8 @@ class PackedEvents(Sequence):
         bucket: int | None = None,
         start: int = 0,
         stop: int | None = None,
+        selection: array | None = None,
+        edits: tuple[Edit, ...] = (),
         *,
         checked: bool = False,
     ) -> None:
@@ -59,11 +115,33 @@ class PackedEvents(Sequence):
         total = sum(count for _, count in buckets) if bucket is None else dict(buckets).get(bucket, 0)
         self.start = min(start, total)
         self.stop = total if stop is None else max(self.start, min(stop, total))
+        #: ``array("I")`` of row numbers among ``start``..``stop`` (None: all of them).
+        self.selection = selection
+        self.edits = edits
         self._events: list[Event] | None = None
 
     def piece(self) -> tuple[bytes, int | None, int | None, int, int]:
         """What ``logrouter_native.build`` takes for these rows."""
         return self.entries, self.now, self.bucket, self.start, self.stop
+
+    def filtered(self) -> tuple[bytes | None, list] | None:
+        """What ``logrouter_native.build`` takes as ``filtered`` for these rows (None:
+        nothing was filtered)."""
+        if self.selection is None and not self.edits:
+            return None
+        selection = None if self.selection is None else self.selection.tobytes()
+        return selection, [edit.native for edit in self.edits]
+
+    def narrowed(self, rows: Sequence[int]) -> "PackedEvents":
+        """These events' rows numbered ``rows`` (ascending, from 0)."""
+        chosen = array("I", rows) if self.selection is None else array("I", [self.selection[i] for i in rows])
+        return PackedEvents(self.entries, self.now, self.buckets, self.bucket, self.start, self.stop, chosen, self.edits,
+                            checked=self.checked)
+
+    def edited(self, edit: Edit) -> "PackedEvents":
+        """These events with ``edit`` applied after the edits they have."""
+        return PackedEvents(self.entries, self.now, self.buckets, self.bucket, self.start, self.stop,
+                            self.selection, (*self.edits, edit), checked=self.checked)
 
     def events(self) -> list[Event]:
         """The decoded events (the reference decode, done once)."""
@@ -78,6 +156,11 @@ class PackedEvents(Sequence):
                 events = [event for event in events if event[0] // HOUR_NS == bucket]
             if self.start or self.stop != len(events):
                 events = events[self.start : self.stop]
+            if self.selection is not None:
+                events = [events[i] for i in self.selection]
+            for edit in self.edits:
+                apply = edit.apply
+                events = [(time, apply(record)) for time, record in events]
             self._events = events
         return events
 
@@ -88,13 +171,15 @@ class PackedEvents(Sequence):
             return []
         if self.bucket is not None or len(self.buckets) == 1:
             return [(self.bucket if self.bucket is not None else self.buckets[0][0], self)]
-        if self.start or self.stop != sum(count for _, count in self.buckets):
-            return _group(self.events())  # a slice across hours (the lake never makes one)
-        return [(bucket, PackedEvents(self.entries, self.now, self.buckets, bucket, checked=self.checked))
+        if self.selection is not None or self.start or self.stop != sum(count for _, count in self.buckets):
+            # A slice across hours (the lake never makes one), or filtered rows across
+            # hours (the few batches that straddle an hour): grouped decoded.
+            return _group(self.events())
+        return [(bucket, PackedEvents(self.entries, self.now, self.buckets, bucket, edits=self.edits, checked=self.checked))
                 for bucket, _ in self.buckets]
 
     def __len__(self) -> int:
-        return self.stop - self.start
+        return self.stop - self.start if self.selection is None else len(self.selection)
 
     def __iter__(self) -> Iterator[Event]:
         return iter(self.events())
@@ -102,14 +187,19 @@ class PackedEvents(Sequence):
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
             start, stop, step = index.indices(len(self))
+            if step == 1 and self.selection is not None:
+                return PackedEvents(self.entries, self.now, self.buckets, self.bucket, self.start, self.stop,
+                                    self.selection[start : max(start, stop)], self.edits, checked=self.checked)
             if step == 1:
                 return PackedEvents(self.entries, self.now, self.buckets, self.bucket,
-                                    self.start + start, self.start + max(start, stop), checked=self.checked)
+                                    self.start + start, self.start + max(start, stop), edits=self.edits,
+                                    checked=self.checked)
         return self.events()[index]
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, PackedEvents):
-            return self.piece() == other.piece() or self.events() == other.events()
+            same = self.piece() == other.piece() and self.selection == other.selection and self.edits == other.edits
+            return same or self.events() == other.events()
         if isinstance(other, (list, tuple)):
             return self.events() == list(other)
         return NotImplemented
@@ -117,7 +207,8 @@ class PackedEvents(Sequence):
     __hash__ = None  # type: ignore[assignment]  # compared by value, like the list it stands for
 
     def __repr__(self) -> str:
-        return f"<PackedEvents: {len(self)} of {len(self.entries)} bytes of entries>"
+        filtered = "" if self.filtered() is None else f", filtered ({len(self.edits)} edits)"
+        return f"<PackedEvents: {len(self)} of {len(self.entries)} bytes of entries{filtered}>"
 
 
 def _group(events: list[Event]) -> list[tuple[int, list[Event]]]:

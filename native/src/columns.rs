@@ -11,6 +11,7 @@
 //! lake's schema rules (`logrouter.lake.schema`) need to pick a new file's columns and
 //! to learn types for the next file.
 
+use crate::edits::{self, Edit, Span};
 use crate::json;
 use crate::reader::{hour_bucket, utf8, Head, Outside, Reader, R};
 use std::collections::HashMap;
@@ -22,14 +23,18 @@ pub const STRING: u8 = 4;
 pub const BINARY: u8 = 5;
 
 /// One blob's rows to take: of its entries (or of those of one hour bucket only),
-/// the ones numbered `start` up to `stop`. `checked`: `reader::scan` took this blob
-/// already, so its strings, keys and nesting are not checked again.
+/// the ones numbered `start` up to `stop`; of those, the `selection` (sorted u32
+/// row numbers from 0 at `start`; None: all), each with the filters' `edits` applied.
+/// `checked`: `reader::scan` took this blob already, so its strings, keys and nesting
+/// are not checked again.
 pub struct Piece<'a> {
     pub blob: &'a [u8],
     pub now: Option<i64>,
     pub bucket: Option<i64>,
     pub start: usize,
     pub stop: usize,
+    pub selection: Option<&'a [u8]>,
+    pub edits: &'a [Edit],
     pub checked: bool,
 }
 
@@ -153,8 +158,6 @@ impl Column {
     }
 }
 
-/// Where one field's value lies in its blob: key, value start and end.
-type Span<'a> = (&'a [u8], usize, usize);
 
 /// What `run` built: the rows' times, the schema's columns, `_extra`, and the fields
 /// in order of first appearance.
@@ -170,13 +173,12 @@ pub struct Output<'a> {
 /// Walk `pieces`. With `build`, fill a column per `schema` entry (name, type code)
 /// and `_extra`; without, only note the fields (a new file's first row group).
 pub fn run<'a>(pieces: &[Piece<'a>], schema: &[(&'a [u8], u8)], build: bool) -> R<Output<'a>> {
-    let mut fields: Vec<Field<'a>> = Vec::new();
-    let mut index: HashMap<&'a [u8], usize> = HashMap::new();
+    let mut walk = Walk { fields: Vec::new(), index: HashMap::new(), shape: Vec::new(), unknown: Vec::new(), misfits: Vec::new() };
     for (column, &(name, kind)) in schema.iter().enumerate() {
-        if !matches!(kind, BOOL | INT64 | FLOAT64 | STRING | BINARY) || index.insert(name, column).is_some() {
+        if !matches!(kind, BOOL | INT64 | FLOAT64 | STRING | BINARY) || walk.index.insert(name, column).is_some() {
             return Err(Outside);
         }
-        fields.push(Field { name, column: Some(column), first: 0, float_after_int: false, stamp: 0, seen: false });
+        walk.fields.push(Field { name, column: Some(column), first: 0, float_after_int: false, stamp: 0, seen: false });
     }
     let mut out = Output {
         rows: 0,
@@ -186,14 +188,12 @@ pub fn run<'a>(pieces: &[Piece<'a>], schema: &[(&'a [u8], u8)], build: bool) -> 
         fields: Vec::new(),
         order: Vec::new(),
     };
-    // The previous record's keys and field ids: records of one sender mostly repeat
-    // their shape, and a key equal to the one at its place there needs no lookup.
-    let mut shape: Vec<(&'a [u8], usize)> = Vec::new();
-    let mut unknown: Vec<Span<'a>> = Vec::new();
-    let mut misfits: Vec<(usize, Span<'a>)> = Vec::new();
+    let mut edited: Vec<Span<'a>> = Vec::new();
+    let mut moved: Vec<Span<'a>> = Vec::new();
     for piece in pieces {
         let mut r = Reader::new(piece.blob);
         let mut taken = 0; // entries of the piece's bucket met so far
+        let mut next = 0; // place in the piece's selection
         while !r.at_end() && taken < piece.stop {
             let (mut time, count) = r.entry_head()?;
             if time == 0 {
@@ -203,7 +203,7 @@ pub fn run<'a>(pieces: &[Piece<'a>], schema: &[(&'a [u8], u8)], build: bool) -> 
                 Some(bucket) if hour_bucket(time) != bucket => true,
                 _ => {
                     taken += 1;
-                    taken <= piece.start
+                    taken <= piece.start || !edits::selected(piece.selection, &mut next, taken - 1 - piece.start)
                 }
             };
             if skip {
@@ -218,72 +218,25 @@ pub fn run<'a>(pieces: &[Piece<'a>], schema: &[(&'a [u8], u8)], build: bool) -> 
                 continue;
             }
             let row = out.rows + 1; // stamps start at 1: 0 is "never"
-            unknown.clear();
-            misfits.clear();
-            for position in 0..count {
-                let key = if piece.checked {
-                    match r.head()? {
-                        Head::Str(s) => s,
-                        _ => return Err(Outside),
-                    }
-                } else {
-                    r.key()?
-                };
-                let id = match shape.get(position) {
-                    Some(&(known, id)) if known == key => id,
-                    _ => {
-                        let id = *index.entry(key).or_insert_with(|| {
-                            fields.push(Field { name: key, column: None, first: 0, float_after_int: false, stamp: 0, seen: false });
-                            fields.len() - 1
-                        });
-                        if position < shape.len() {
-                            shape[position] = (key, id);
-                        } else {
-                            shape.push((key, id));
+            walk.unknown.clear();
+            walk.misfits.clear();
+            if piece.edits.is_empty() {
+                for position in 0..count {
+                    let key = if piece.checked {
+                        match r.head()? {
+                            Head::Str(s) => s,
+                            _ => return Err(Outside),
                         }
-                        id
-                    }
-                };
-                let field = &mut fields[id];
-                if field.stamp == row {
-                    return Err(Outside); // a key twice in one record: Python's dict decides
+                    } else {
+                        r.key()?
+                    };
+                    walk.field(&mut out, build, row, position, key, &mut r, piece.checked)?;
                 }
-                field.stamp = row;
-                if !field.seen {
-                    field.seen = true;
-                    out.order.push(id);
-                }
-                let start = r.pos;
-                let head = r.head()?;
-                match head {
-                    Head::Array(_) | Head::Map(_) => {
-                        r.pos = start;
-                        if piece.checked {
-                            r.skip_value()?;
-                        } else {
-                            r.check_value(1)?;
-                        }
-                    }
-                    Head::Str(s) if !piece.checked => {
-                        utf8(s)?;
-                    }
-                    _ => {}
-                }
-                field.observe(&head);
-                if !build {
-                    continue;
-                }
-                match field.column {
-                    Some(column) => {
-                        if !out.columns[column].fit(&head)? {
-                            misfits.push((column, (key, start, r.pos)));
-                        }
-                    }
-                    None => {
-                        if !matches!(head, Head::Nil) {
-                            unknown.push((key, start, r.pos));
-                        }
-                    }
+            } else {
+                edits::spans(&mut r, count, &mut edited)?;
+                edits::apply(&mut edited, piece.edits, &mut moved);
+                for (position, &(key, buf, start, end)) in edited.iter().enumerate() {
+                    walk.field(&mut out, build, row, position, key, &mut Reader { buf: &buf[..end], pos: start }, false)?;
                 }
             }
             out.rows = row;
@@ -294,6 +247,7 @@ pub fn run<'a>(pieces: &[Piece<'a>], schema: &[(&'a [u8], u8)], build: bool) -> 
                         column.push_null();
                     }
                 }
+                let (unknown, misfits) = (&walk.unknown, &mut walk.misfits);
                 if unknown.is_empty() && misfits.is_empty() {
                     out.extra.push_null();
                 } else {
@@ -301,13 +255,13 @@ pub fn run<'a>(pieces: &[Piece<'a>], schema: &[(&'a [u8], u8)], build: bool) -> 
                     let text = &mut out.extra.data;
                     text.push(b'{');
                     let spans = unknown.iter().chain(misfits.iter().map(|(_, span)| span));
-                    for (i, &(key, start, end)) in spans.enumerate() {
+                    for (i, &(key, buf, start, end)) in spans.enumerate() {
                         if i > 0 {
                             text.push(b',');
                         }
                         json::string(text, key);
                         text.push(b':');
-                        let mut value = Reader { buf: &piece.blob[..end], pos: start };
+                        let mut value = Reader { buf: &buf[..end], pos: start };
                         json::value(&mut value, text, 1)?;
                     }
                     text.push(b'}');
@@ -316,6 +270,85 @@ pub fn run<'a>(pieces: &[Piece<'a>], schema: &[(&'a [u8], u8)], build: bool) -> 
             }
         }
     }
-    out.fields = fields;
+    out.fields = walk.fields;
     Ok(out)
+}
+
+/// The fields met so far and the current row's values that go to `_extra`.
+struct Walk<'a> {
+    fields: Vec<Field<'a>>,
+    index: HashMap<&'a [u8], usize>,
+    // The previous record's keys and field ids: records of one sender mostly repeat
+    // their shape, and a key equal to the one at its place there needs no lookup.
+    shape: Vec<(&'a [u8], usize)>,
+    unknown: Vec<Span<'a>>,
+    misfits: Vec<(usize, Span<'a>)>,
+}
+
+impl<'a> Walk<'a> {
+    /// Take the value `v` is at, of field `key` (the `position`-th of row `row`).
+    #[inline]
+    /// `checked`: the value was checked by `reader::scan` already (see `Piece`).
+    #[allow(clippy::too_many_arguments)]
+    fn field(&mut self, out: &mut Output<'a>, build: bool, row: usize, position: usize, key: &'a [u8], v: &mut Reader<'a>, checked: bool) -> R<()> {
+        let id = match self.shape.get(position) {
+            Some(&(known, id)) if known == key => id,
+            _ => {
+                let fields = &mut self.fields;
+                let id = *self.index.entry(key).or_insert_with(|| {
+                    fields.push(Field { name: key, column: None, first: 0, float_after_int: false, stamp: 0, seen: false });
+                    fields.len() - 1
+                });
+                if position < self.shape.len() {
+                    self.shape[position] = (key, id);
+                } else {
+                    self.shape.push((key, id));
+                }
+                id
+            }
+        };
+        let field = &mut self.fields[id];
+        if field.stamp == row {
+            return Err(Outside); // a key twice in one record: Python's dict decides
+        }
+        field.stamp = row;
+        if !field.seen {
+            field.seen = true;
+            out.order.push(id);
+        }
+        let start = v.pos;
+        let head = v.head()?;
+        match head {
+            Head::Array(_) | Head::Map(_) => {
+                v.pos = start;
+                if checked {
+                    v.skip_value()?;
+                } else {
+                    v.check_value(1)?;
+                }
+            }
+            Head::Str(s) if !checked => {
+                utf8(s)?;
+            }
+            _ => {}
+        }
+        field.observe(&head);
+        if !build {
+            return Ok(());
+        }
+        let span = (key, v.buf, start, v.pos);
+        match field.column {
+            Some(column) => {
+                if !out.columns[column].fit(&head)? {
+                    self.misfits.push((column, span));
+                }
+            }
+            None => {
+                if !matches!(head, Head::Nil) {
+                    self.unknown.push(span);
+                }
+            }
+        }
+        Ok(())
+    }
 }

@@ -7,12 +7,13 @@
 //! reference, decodes it. No Arrow library is linked: the buffers go to pyarrow as
 //! bytes (`pyarrow.Array.from_buffers`). Python keeps the control plane.
 
-use pyo3::exceptions::PyRuntimeError;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 pub mod columns;
+pub mod edits;
 pub mod frame;
 pub mod json;
 pub mod reader;
@@ -79,27 +80,32 @@ fn column_tuple<'py>(py: Python<'py>, column: &columns::Column) -> PyResult<Boun
 /// times' bytes, per column and for `_extra` `(null_count, validity or None, data,
 /// offsets or None)`, and every field met in order of first appearance as `(name,
 /// first scalar type code or 0, whether a float followed a first int)`. With
-/// `build=False` only `rows`, `times` and `fields` are filled.
+/// `build=False` only `rows`, `times` and `fields` are filled. `filtered`, one per
+/// piece where given, is what filters did to its rows (see `filtered`).
 ///
 /// `checked=True` says every piece's blob got a result from `scan` (in this process):
 /// its strings, keys and nesting are then not checked again. Never pass it for bytes
 /// that were not scanned.
 #[pyfunction]
-#[pyo3(signature = (pieces, schema, build=true, checked=false))]
+#[pyo3(signature = (pieces, schema, build=true, filtered=None, checked=false))]
 fn build<'py>(
     py: Python<'py>,
     pieces: Vec<(Bound<'py, PyBytes>, Option<i64>, Option<i64>, usize, usize)>,
     schema: Vec<(String, u8)>,
     build: bool,
+    filtered: Option<Vec<Filtered<'py>>>,
     checked: bool,
 ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let (selections, edits) = unpack_filtered(filtered, pieces.len())?;
     let parts: Vec<columns::Piece> =
-        pieces.iter().map(|(blob, now, bucket, start, stop)| columns::Piece {
+        pieces.iter().enumerate().map(|(i, (blob, now, bucket, start, stop))| columns::Piece {
         blob: blob.as_bytes(),
         now: *now,
         bucket: *bucket,
         start: *start,
         stop: *stop,
+        selection: selections[i].as_ref().map(|b| b.as_bytes()),
+        edits: &edits[i],
         checked,
     }).collect();
     let names: Vec<(&[u8], u8)> = schema.iter().map(|(name, kind)| (name.as_bytes(), *kind)).collect();
@@ -122,11 +128,157 @@ fn build<'py>(
     Ok(Some(result))
 }
 
+/// What filters did to one piece's rows: the selection (the sorted row numbers kept,
+/// as native-endian u32 bytes; None: all) and the edits, each `(op, [(key, value)])`
+/// with op 1 set (value: the msgpack bytes set), 2 remove (value unused), 3 rename
+/// (value: the new name).
+type Filtered<'py> = (Option<Bound<'py, PyBytes>>, Vec<(u8, Vec<(Vec<u8>, Vec<u8>)>)>);
+
+fn unpack_filtered<'py>(
+    filtered: Option<Vec<Filtered<'py>>>,
+    pieces: usize,
+) -> PyResult<(Vec<Option<Bound<'py, PyBytes>>>, Vec<Vec<edits::Edit>>)> {
+    let Some(filtered) = filtered else {
+        return Ok(((0..pieces).map(|_| None).collect(), (0..pieces).map(|_| Vec::new()).collect()));
+    };
+    if filtered.len() != pieces {
+        return Err(PyValueError::new_err("filtered: one per piece"));
+    }
+    let mut selections = Vec::new();
+    let mut all = Vec::new();
+    for (selection, ops) in filtered {
+        if selection.as_ref().is_some_and(|b| b.as_bytes().len() % 4 != 0) {
+            return Err(PyValueError::new_err("selection: u32 row numbers"));
+        }
+        selections.push(selection);
+        let mut list = Vec::new();
+        for (op, pairs) in ops {
+            list.push(match op {
+                1 => edits::Edit::Set(pairs),
+                2 => edits::Edit::Remove(pairs.into_iter().map(|(key, _)| key).collect()),
+                3 => edits::Edit::Rename(pairs),
+                _ => return Err(PyValueError::new_err("edit: op 1, 2 or 3")),
+            });
+        }
+        all.push(list);
+    }
+    Ok((selections, all))
+}
+
+fn rows_of<'a>(
+    pieces: &'a [(Bound<'_, PyBytes>, Option<i64>, Option<i64>, usize, usize)],
+    selections: &'a [Option<Bound<'_, PyBytes>>],
+    edits: &'a [Vec<edits::Edit>],
+) -> Vec<edits::Rows<'a>> {
+    pieces.iter().enumerate().map(|(i, (blob, now, bucket, start, stop))| edits::Rows {
+        blob: blob.as_bytes(),
+        now: *now,
+        bucket: *bucket,
+        start: *start,
+        stop: *stop,
+        selection: selections[i].as_ref().map(|b| b.as_bytes()),
+        edits: &edits[i],
+    }).collect()
+}
+
+fn strings_tuple<'py>(py: Python<'py>, s: &edits::Strings) -> (usize, Option<Bound<'py, PyBytes>>, Bound<'py, PyBytes>, Bound<'py, PyBytes>) {
+    let validity = if s.nulls > 0 { Some(PyBytes::new(py, &s.validity)) } else { None };
+    let offsets = if s.offsets.is_empty() { vec![0i32] } else { s.offsets.clone() };
+    (s.nulls, validity, PyBytes::new(py, &s.data), PyBytes::new(py, bytes_of(&offsets)))
+}
+
+/// `texts(pieces, path, filtered=None)`: the text of the field at `path` (a top-level
+/// key, then keys of nested maps) of every row of `pieces` (as `build` takes them,
+/// `filtered` included), as grep sees it (`as_text`), null where missing or nil:
+/// `(rows, null_count, validity, data, offsets)` of a string array. None where a
+/// value's text is Python's to give (a float, table, array, non-UTF-8 bin) or a
+/// piece is outside the native subset.
+#[pyfunction]
+#[pyo3(signature = (pieces, path, filtered=None))]
+fn texts<'py>(
+    py: Python<'py>,
+    pieces: Vec<(Bound<'py, PyBytes>, Option<i64>, Option<i64>, usize, usize)>,
+    path: Vec<String>,
+    filtered: Option<Vec<Filtered<'py>>>,
+) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let (selections, edits) = unpack_filtered(filtered, pieces.len())?;
+    let parts = rows_of(&pieces, &selections, &edits);
+    let keys: Vec<&[u8]> = path.iter().map(|k| k.as_bytes()).collect();
+    let Ok(found) = guarded(py, || edits::texts(&parts, &keys))? else {
+        return Ok(None);
+    };
+    let (nulls, validity, data, offsets) = strings_tuple(py, &found);
+    Ok(Some((found.rows, nulls, validity, data, offsets).into_pyobject(py)?))
+}
+
+/// `values(pieces, paths, filtered=None)`: what a condition reads of the fields at
+/// `paths` (each a top-level key, then keys of nested maps) of every row, in one walk:
+/// per path `(rows, kinds, texts, numbers)`, the kinds one byte per row
+/// (`edits::MISSING` .. `edits::RAW_BIN`), the texts `(null_count, validity, data,
+/// offsets)` of a string array (valid for str, UTF-8 bin, int and bool), the numbers
+/// float64 bytes (int and float). None if a piece is outside the native subset.
+#[pyfunction]
+#[pyo3(signature = (pieces, paths, filtered=None))]
+fn values<'py>(
+    py: Python<'py>,
+    pieces: Vec<(Bound<'py, PyBytes>, Option<i64>, Option<i64>, usize, usize)>,
+    paths: Vec<Vec<String>>,
+    filtered: Option<Vec<Filtered<'py>>>,
+) -> PyResult<Option<Bound<'py, PyList>>> {
+    let (selections, edits) = unpack_filtered(filtered, pieces.len())?;
+    let parts = rows_of(&pieces, &selections, &edits);
+    let keys: Vec<Vec<&[u8]>> = paths.iter().map(|path| path.iter().map(|k| k.as_bytes()).collect()).collect();
+    if keys.iter().any(|path| path.is_empty()) {
+        return Err(PyValueError::new_err("paths: each names at least a top-level key"));
+    }
+    let Ok(found) = guarded(py, || edits::values(&parts, &keys))? else {
+        return Ok(None);
+    };
+    let out = PyList::empty(py);
+    for (kinds, strings, numbers) in &found {
+        let texts = strings_tuple(py, strings);
+        out.append((kinds.len(), PyBytes::new(py, kinds), texts, PyBytes::new(py, bytes_of(numbers))))?;
+    }
+    Ok(Some(out))
+}
+
+/// `entries_at(piece, rows, filtered=None)`: `[(start, end), ...]`, where in the
+/// piece's blob the entries of its rows numbered `rows` (ascending, counted among the
+/// rows `filtered` selects) lie, to decode only those; None if out of range or outside
+/// the subset.
+#[pyfunction]
+#[pyo3(signature = (piece, rows, filtered=None))]
+fn entries_at<'py>(
+    py: Python<'py>,
+    piece: (Bound<'py, PyBytes>, Option<i64>, Option<i64>, usize, usize),
+    rows: Vec<usize>,
+    filtered: Option<Filtered<'py>>,
+) -> PyResult<Option<Vec<(usize, usize)>>> {
+    if rows.windows(2).any(|w| w[0] >= w[1]) {
+        return Err(PyValueError::new_err("rows: ascending"));
+    }
+    let (selections, edits) = unpack_filtered(filtered.map(|f| vec![f]), 1)?;
+    let (blob, now, bucket, start, stop) = &piece;
+    let part = edits::Rows {
+        blob: blob.as_bytes(),
+        now: *now,
+        bucket: *bucket,
+        start: *start,
+        stop: *stop,
+        selection: selections[0].as_ref().map(|b| b.as_bytes()),
+        edits: &edits[0],
+    };
+    Ok(guarded(py, || edits::entries_at(&part, &rows))?.ok())
+}
+
 #[pymodule]
 fn logrouter_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(scan, m)?)?;
     m.add_function(wrap_pyfunction!(frame_entries, m)?)?;
     m.add_function(wrap_pyfunction!(build, m)?)?;
+    m.add_function(wrap_pyfunction!(texts, m)?)?;
+    m.add_function(wrap_pyfunction!(values, m)?)?;
+    m.add_function(wrap_pyfunction!(entries_at, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
