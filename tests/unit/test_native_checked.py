@@ -26,7 +26,7 @@ def same_builds(entries: bytes) -> None:
     for piece in pieces:
         for schema in ([], SCHEMA):
             for build in (False, True):
-                assert NATIVE.build(piece, schema, build, True) == NATIVE.build(piece, schema, build, False)
+                assert NATIVE.build(piece, schema, build, checked=True) == NATIVE.build(piece, schema, build, checked=False)
 
 
 @fuzz_settings()
