@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from logrouter.native import NATIVE
 from logrouter.wire import json_text
 from logrouter.wire.errors import DecodeError
 
@@ -33,6 +34,7 @@ class Payload:
     ``documents`` are the JSON texts of the valid ones, in order (the spool stores those
     rather than encoding the records again).
     Acknowledge with ``encode_ackn(nonce, n)`` once the first ``n`` events are stored.
+    With ``undecoded``, ``events`` are the documents, not yet decoded.
     """
 
     kind: str  # "JDAT" or "EVNT"
@@ -41,15 +43,22 @@ class Payload:
     documents: list[bytes] = field(default_factory=list, compare=False, repr=False)
     invalid: int = 0
     invalid_reason: str | None = None
+    #: ``events`` are the documents themselves, undecoded (each a JSON object the native
+    #: extension checked): read them natively or decode them (``decode_payload``).
+    undecoded: bool = False
 
 
-def decode_records(content: bytes, kind: str, nonce: bytes, max_event_bytes: int, max_events: int) -> Payload:
+def decode_records(
+    content: bytes, kind: str, nonce: bytes, max_event_bytes: int, max_events: int, keep_documents: bool = False
+) -> Payload:
     """The records of an inflated payload: ``u32 BE length`` + JSON, back to back.
 
     The per-event hot path, in two tight passes: the records cut out (one unpack, one
     slice each), then all of them decoded at once (``json_text.objects_or_none``); a
     record that is not an object msgspec reads sends the payload one by one
-    (``json_text.objects_or_reasons``).
+    (``json_text.objects_or_reasons``). With ``keep_documents``, records the native
+    extension reads as Python does (all of them JSON objects) are not decoded at all
+    (``Payload.undecoded``).
     """
     payload = Payload(kind, nonce)
     raws: list[bytes] = []
@@ -70,6 +79,11 @@ def decode_records(content: bytes, kind: str, nonce: bytes, max_event_bytes: int
         if len(raws) >= max_events:
             raise DecodeError(f"{kind} payload holds more than max_payload_events {max_events} events")
         keep(content[start:pos])
+    if keep_documents and raws and _native_objects(raws):
+        payload.events = raws  # type: ignore[assignment]
+        payload.documents = raws
+        payload.undecoded = True
+        return payload
     records = json_text.objects_or_none(raws)
     if records is not None:
         payload.events = records
@@ -82,6 +96,24 @@ def decode_records(content: bytes, kind: str, nonce: bytes, max_event_bytes: int
         else:
             add_invalid(payload, verdict, raw)
     return payload
+
+
+def _native_objects(raws: list[bytes]) -> bool:
+    if NATIVE is None:
+        return False
+    try:
+        return NATIVE.check_documents(raws)
+    except Exception:  # noqa: BLE001 - a bug in the extension: the Python path is the reference
+        return False
+
+
+def decode_payload(payload: Payload) -> None:
+    """Decode the records of a payload kept ``undecoded`` (every one a JSON object)."""
+    if payload.undecoded:
+        raws = payload.documents
+        records = json_text.objects_or_none(raws)
+        payload.events = records if records is not None else [json_text.loads(raw) for raw in raws]
+        payload.undecoded = False
 
 
 def add_invalid(payload: Payload, reason: str, raw: bytes) -> None:

@@ -50,6 +50,7 @@ import struct
 import sys
 from typing import Any
 
+from logrouter.native import NATIVE
 from logrouter.wire import json_text
 from logrouter.wire.errors import DecodeError
 from logrouter.wire.inflate import InflateError, inflate
@@ -88,6 +89,7 @@ __all__ = [
     "encode_json",
     "encode_window",
     "encode_window_frames",
+    "decode_group",
 ]
 
 DEFAULT_MAX_WINDOW_SIZE = 10_000  # go-lumber's MaxWindowSize default (section 3)
@@ -106,6 +108,24 @@ _U32X2 = struct.Struct(">II")
 _TAG_U32X2 = struct.Struct(">HII")  # version and frame type as one number, seq, length
 
 _UNBOUNDED = sys.maxsize
+
+
+def _native_objects(documents: list[bytes]) -> bool:
+    """Whether the native extension reads every document as Python does (a JSON object)."""
+    try:
+        return bool(documents) and NATIVE.check_documents(documents)  # type: ignore[union-attr]
+    except Exception:  # noqa: BLE001 - a bug in the extension: the Python path is the reference
+        return False
+
+
+def decode_group(group: Events) -> None:
+    """Decode an ``Events`` kept undecoded (``records`` its documents, each checked to be a
+    JSON object) into the records the Python path gives."""
+    if group.undecoded:
+        documents = group.records
+        records = json_text.objects_or_none(documents)  # type: ignore[arg-type]
+        group.records = records if records is not None else [json_text.loads(d) for d in documents]  # type: ignore[arg-type]
+        group.undecoded = False
 
 
 # -- the server-side decoder ---------------------------------------------------------------
@@ -128,12 +148,15 @@ class LumberjackDecoder:
         max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         max_data_fields: int = DEFAULT_MAX_DATA_FIELDS,
+        keep_documents: bool = False,
     ) -> None:
         self.max_window_size = max_window_size
         self.max_frame_bytes = max_frame_bytes
         self.max_decompressed_bytes = max_decompressed_bytes
         self.max_event_bytes = max_event_bytes
         self.max_data_fields = max_data_fields
+        # Runs of J frames the native extension takes stay undecoded (Events.undecoded).
+        self.keep_documents = keep_documents and NATIVE is not None
         # One event may be no larger than either limit; errors name the one that bit.
         if max_event_bytes < max_frame_bytes:
             self._event_limit, self._event_limit_name = max_event_bytes, "max_event_bytes"
@@ -325,7 +348,7 @@ class LumberjackDecoder:
             return len(self._out), None, ()
         return len(self._out), group, (
             len(group.records), len(group.documents), group.documents_match,
-            group.frames, group.invalid, group.invalid_reason, group.ack_seq, group.complete,
+            group.frames, group.invalid, group.invalid_reason, group.ack_seq, group.complete, group.undecoded,
         )
 
     def _rollback(self, mark: tuple[int, Events | None, tuple[Any, ...]]) -> None:
@@ -336,7 +359,9 @@ class LumberjackDecoder:
             del group.records[fields[0] :]
             del group.documents[fields[1] :]
             group.documents_match = fields[2]
-            group.frames, group.invalid, group.invalid_reason, group.ack_seq, group.complete = fields[3:]
+            group.frames, group.invalid, group.invalid_reason, group.ack_seq, group.complete = fields[3:8]
+            # Records decoded since the mark stay decoded; a group undecoded since is empty again.
+            group.undecoded = group.undecoded and fields[8]
         self._c_mark = None
 
     def _open_group(self) -> Events:
@@ -386,6 +411,15 @@ class LumberjackDecoder:
                 top = seq
             pos = stop
         frames = len(documents)
+        if self.keep_documents and (group.undecoded or not group.records) and _native_objects(documents):
+            group.undecoded = True
+            group.records.extend(documents)
+            group.documents.extend(documents)
+            self._frames_left -= frames
+            self._close_run(group, frames, top)
+            return pos
+        if group.undecoded:
+            decode_group(group)
         records = json_text.objects_or_none(documents)
         if records is not None:
             group.records.extend(records)
@@ -459,6 +493,8 @@ class LumberjackDecoder:
             p = stop
         else:
             group = self._open_group()
+            if group.undecoded:
+                decode_group(group)
             group.records.append(record)
             group.documents_match = False  # a record without a JSON text
             self._close_run(group, 1, max(seq, self._top_seq))

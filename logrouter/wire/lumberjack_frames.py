@@ -84,7 +84,10 @@ class Events:
     counts the data frames (valid and invalid); ``invalid`` those whose payload was not a
     JSON object, with the first reason in ``invalid_reason``. ``complete`` says whether
     the window has now received at least its announced count. ``window`` is 0 for data
-    frames that arrived before any ``W``.
+    frames that arrived before any ``W``. ``undecoded``: the decoder was asked to keep
+    documents the native extension checked undecoded, and did: ``records`` are then the
+    documents themselves (each a JSON object), for the caller to read natively
+    (``logrouter.wire.json_lazy``) or decode (``lumberjack.decode_group``).
     """
 
     version: int
@@ -97,6 +100,7 @@ class Events:
     invalid: int = 0
     invalid_reason: str | None = None
     complete: bool = False
+    undecoded: bool = field(default=False, compare=False, repr=False)
 
 
 # -- encoders ------------------------------------------------------------------------------

@@ -9,11 +9,12 @@
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyTuple};
+use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 pub mod columns;
 pub mod json;
+pub mod jsondoc;
 pub mod reader;
 
 /// Run `work` without the GIL; a panic (a bug, never an input's doing) becomes a
@@ -96,10 +97,90 @@ fn build<'py>(
     Ok(Some(result))
 }
 
+/// `check_documents(documents)`: whether every JSON document (bytes) is an object
+/// inside the subset `jsondoc` takes (the Lumberjack codec's check before it keeps a
+/// run of documents undecoded).
+#[pyfunction]
+fn check_documents(py: Python<'_>, documents: Vec<Bound<'_, PyBytes>>) -> PyResult<bool> {
+    let docs: Vec<&[u8]> = documents.iter().map(|d| d.as_bytes()).collect();
+    guarded(py, || jsondoc::check(&docs))
+}
+
+/// `scan_documents(documents, now, drop_metadata, paths)`: None if any document is
+/// outside the subset; else `(entries, buckets, values)`: the records as a
+/// PackedForward entries blob (what `scan` and `build` take, times as EventTimes,
+/// `@metadata` left out with `drop_metadata`), `[(hour bucket, events), ...]` in order
+/// of first appearance, and per path (`(lookup, dotted name, keys)`, lookup 0: nested
+/// objects, 1: a top-level key with the whole dotted name first) a list of each
+/// event's value there: None (missing or null), bool, int, float, str, or `...` for
+/// an object or array.
+#[pyfunction]
+fn scan_documents<'py>(
+    py: Python<'py>,
+    documents: Vec<Bound<'py, PyBytes>>,
+    now: i64,
+    drop_metadata: bool,
+    paths: Vec<(u8, String, Vec<String>)>,
+) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let docs: Vec<&[u8]> = documents.iter().map(|d| d.as_bytes()).collect();
+    let specs: Vec<jsondoc::Path> = paths
+        .iter()
+        .map(|(lookup, name, keys)| jsondoc::Path {
+            lookup: if *lookup == 1 { jsondoc::Lookup::DottedFirst } else { jsondoc::Lookup::Walk },
+            name: name.as_bytes().to_vec(),
+            keys: keys.iter().map(|k| k.as_bytes().to_vec()).collect(),
+        })
+        .collect();
+    if specs.iter().any(|p| p.keys.is_empty()) {
+        return Ok(None);
+    }
+    let found = match guarded(py, || jsondoc::scan(&docs, now, drop_metadata, &specs))? {
+        Ok(found) => found,
+        Err(_) => return Ok(None),
+    };
+    let values = PyList::empty(py);
+    for column in &found.values {
+        let list = PyList::empty(py);
+        // Events of one sender mostly repeat a field's text: one str object for a run.
+        let mut last: Option<(&[u8], Bound<'py, PyAny>)> = None;
+        for v in column {
+            let item: Bound<'py, PyAny> = match v {
+                jsondoc::Val::Missing => py.None().into_bound(py),
+                jsondoc::Val::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
+                jsondoc::Val::Int(i) => i.into_pyobject(py)?.into_any(),
+                jsondoc::Val::Float(f) => f.into_pyobject(py)?.into_any(),
+                jsondoc::Val::Container => py.Ellipsis().into_bound(py),
+                jsondoc::Val::Str(_) | jsondoc::Val::Owned(_) => {
+                    let bytes: &[u8] = match v {
+                        jsondoc::Val::Str(s) => s,
+                        jsondoc::Val::Owned(s) => s,
+                        _ => unreachable!(),
+                    };
+                    match &last {
+                        Some((text, obj)) if *text == bytes => obj.clone(),
+                        _ => {
+                            let text = std::str::from_utf8(bytes).map_err(|_| PyRuntimeError::new_err("not UTF-8"))?;
+                            let obj = PyString::new(py, text).into_any();
+                            last = Some((bytes, obj.clone()));
+                            obj
+                        }
+                    }
+                }
+            };
+            list.append(item)?;
+        }
+        values.append(list)?;
+    }
+    let result = (PyBytes::new(py, &found.blob), found.buckets, values).into_pyobject(py)?;
+    Ok(Some(result))
+}
+
 #[pymodule]
 fn logrouter_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(scan, m)?)?;
     m.add_function(wrap_pyfunction!(build, m)?)?;
+    m.add_function(wrap_pyfunction!(check_documents, m)?)?;
+    m.add_function(wrap_pyfunction!(scan_documents, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
