@@ -9,12 +9,13 @@
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
+use pyo3::types::{PyByteArray, PyBytes, PyList, PyString, PyTuple};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 pub mod columns;
 pub mod json;
 pub mod jsondoc;
+pub mod jsonparse;
 pub mod reader;
 
 /// Run `work` without the GIL; a panic (a bug, never an input's doing) becomes a
@@ -101,9 +102,36 @@ fn build<'py>(
 /// inside the subset `jsondoc` takes (the Lumberjack codec's check before it keeps a
 /// run of documents undecoded).
 #[pyfunction]
-fn check_documents(py: Python<'_>, documents: Vec<Bound<'_, PyBytes>>) -> PyResult<bool> {
-    let docs: Vec<&[u8]> = documents.iter().map(|d| d.as_bytes()).collect();
+fn check_documents(py: Python<'_>, documents: Vec<Bound<'_, PyAny>>) -> PyResult<bool> {
+    let copies = bytearray_copies(&documents)?;
+    let docs = document_slices(&documents, &copies);
     guarded(py, || jsondoc::check(&docs))
+}
+
+/// Copies of the documents that are bytearrays (a codec's slices of its buffer), which
+/// another thread could change while the GIL is released; bytes are read in place.
+fn bytearray_copies(documents: &[Bound<'_, PyAny>]) -> PyResult<Vec<Option<Vec<u8>>>> {
+    documents
+        .iter()
+        .map(|d| {
+            if d.is_instance_of::<PyBytes>() {
+                Ok(None)
+            } else {
+                Ok(Some(d.cast::<PyByteArray>().map_err(PyErr::from)?.to_vec()))
+            }
+        })
+        .collect()
+}
+
+fn document_slices<'a>(documents: &'a [Bound<'_, PyAny>], copies: &'a [Option<Vec<u8>>]) -> Vec<&'a [u8]> {
+    documents
+        .iter()
+        .zip(copies)
+        .map(|(d, copy)| match copy {
+            Some(bytes) => bytes.as_slice(),
+            None => d.cast::<PyBytes>().map(|b| b.as_bytes()).unwrap_or(&[]),
+        })
+        .collect()
 }
 
 /// `scan_documents(documents, now, drop_metadata, paths)`: None if any document is
@@ -117,12 +145,13 @@ fn check_documents(py: Python<'_>, documents: Vec<Bound<'_, PyBytes>>) -> PyResu
 #[pyfunction]
 fn scan_documents<'py>(
     py: Python<'py>,
-    documents: Vec<Bound<'py, PyBytes>>,
+    documents: Vec<Bound<'py, PyAny>>,
     now: i64,
     drop_metadata: bool,
     paths: Vec<(u8, String, Vec<String>)>,
 ) -> PyResult<Option<Bound<'py, PyTuple>>> {
-    let docs: Vec<&[u8]> = documents.iter().map(|d| d.as_bytes()).collect();
+    let copies = bytearray_copies(&documents)?;
+    let docs = document_slices(&documents, &copies);
     let specs: Vec<jsondoc::Path> = paths
         .iter()
         .map(|(lookup, name, keys)| jsondoc::Path {
@@ -145,15 +174,15 @@ fn scan_documents<'py>(
         let mut last: Option<(&[u8], Bound<'py, PyAny>)> = None;
         for v in column {
             let item: Bound<'py, PyAny> = match v {
-                jsondoc::Val::Missing => py.None().into_bound(py),
-                jsondoc::Val::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
-                jsondoc::Val::Int(i) => i.into_pyobject(py)?.into_any(),
-                jsondoc::Val::Float(f) => f.into_pyobject(py)?.into_any(),
-                jsondoc::Val::Container => py.Ellipsis().into_bound(py),
-                jsondoc::Val::Str(_) | jsondoc::Val::Owned(_) => {
+                jsonparse::Val::Missing => py.None().into_bound(py),
+                jsonparse::Val::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
+                jsonparse::Val::Int(i) => i.into_pyobject(py)?.into_any(),
+                jsonparse::Val::Float(f) => f.into_pyobject(py)?.into_any(),
+                jsonparse::Val::Container => py.Ellipsis().into_bound(py),
+                jsonparse::Val::Str(_) | jsonparse::Val::Owned(_) => {
                     let bytes: &[u8] = match v {
-                        jsondoc::Val::Str(s) => s,
-                        jsondoc::Val::Owned(s) => s,
+                        jsonparse::Val::Str(s) => s,
+                        jsonparse::Val::Owned(s) => s,
                         _ => unreachable!(),
                     };
                     match &last {
