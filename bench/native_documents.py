@@ -9,7 +9,7 @@ one ``C`` frame of ``J`` frames, as Filebeat sends them), making one row group:
   (``event_keys``, ``auto``) and the batch (``events.batch_builder``, tag
   ``beats.${@metadata.beat}``, times from ``@timestamp``), then the lake picks the
   file's schema (``schema.file_schema``) and builds the table (``convert.TableBuilder``);
-- ``native``: the codec inflates and the extension checks the documents
+- ``native``: the codec inflates and cuts out the documents, undecoded
   (``keep_documents``), the source's native read (``json_native.NativeReads``: one scan
   gives times, buckets, the tag's and keys' field values and the transcoded entries),
   then schema and table straight from those (``native_table``).
@@ -18,8 +18,7 @@ Both give the same table (tests/unit/test_native_documents.py). The paths run in
 process, alternating, ``--repeats`` times each, timed in CPU seconds of the process per
 million events; the ratio of each pair of neighbouring runs is the figure to read on a
 loaded machine. ``--stages`` also times the native path's parts alone: inflating the
-``C`` frames (zlib), the codec's feed (inflate, cut the frames, check the
-documents), the scan, the keys from the scanned values, the table build, and writing
+``C`` frames (zlib), the codec's feed (inflate, cut out the documents), the scan, the keys from the scanned values, the table build, and writing
 the table as Parquet (zstd).
 
     .venv/bin/python bench/native_documents.py --repeats 7 --stages
@@ -122,9 +121,8 @@ def stages(data: list[bytes], rounds: int, events: int) -> None:
     table = _table(pending)
     _, keys_of = event_keys.value_key_maker("auto")
     parts = {
-        "codec feed (inflate, cut, check)": lambda: [lj.LumberjackDecoder(keep_documents=True).feed(w) for w in data],
+        "codec feed (inflate, cut out)": lambda: [lj.LumberjackDecoder(keep_documents=True).feed(w) for w in data],
         "  of which inflate (zlib)": lambda: [zlib.decompress(b) for b in blobs],
-        "  of which check_documents": lambda: [NATIVE.check_documents(d) for d in docs],
         "source: scan_documents": lambda: [NATIVE.scan_documents(d, NOW, False, [tuple(p) for p in reads.paths]) for d in docs],
         "source: keys from scanned values": lambda: [keys_of(s[2][1:]) for s in scanned],
         "lake: schema + table build": lambda: _table(pending),

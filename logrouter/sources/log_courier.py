@@ -72,7 +72,7 @@ class LogCourierProtocol(AckingConnection, StreamProtocol):
             max_payload_bytes=options["max_payload_bytes"],
             max_event_bytes=options["max_event_bytes"],
             max_decompressed_bytes=options["max_decompressed_bytes"],
-            keep_documents=True,  # read natively where the extension takes them (_payload)
+            keep_documents=True,  # left undecoded for the native read (_payload), where installed
         )
 
     def connection_ready(self) -> None:
@@ -127,6 +127,16 @@ class LogCourierProtocol(AckingConnection, StreamProtocol):
 
     def _payload(self, payload: wire.Payload) -> None:
         source: LogCourierSource = self.source  # type: ignore[assignment]
+        now = int(source.reactor.seconds() * NANOS)
+        if payload.undecoded:
+            # The records as received: read natively where the extension takes them all
+            # (one batch), else decoded here (keeping those that are no JSON object as text).
+            read = source.native_reads.read(payload.documents, now)
+            if read is not None:
+                step = self.acks.add(payload.nonce, len(payload.events), 1)
+                self.submit(read[0], self.acks.on_durable(step), payload.nonce)
+                return
+            wire.decode_payload(payload)
         if payload.invalid:
             source.invalid_events += payload.invalid
             self.log.warn(
@@ -137,14 +147,6 @@ class LogCourierProtocol(AckingConnection, StreamProtocol):
                 nonce=payload.nonce.hex(),
                 reason=payload.invalid_reason,
             )
-        now = int(source.reactor.seconds() * NANOS)
-        if payload.undecoded:
-            read = source.native_reads.read(payload.documents, now)
-            if read is not None:
-                step = self.acks.add(payload.nonce, len(payload.events), 1)
-                self.submit(read[0], self.acks.on_durable(step), payload.nonce)
-                return
-            wire.decode_payload(payload)  # the Python path, as without the extension
         # An invalid record is kept as {"message": text}, which no document gives: then the
         # batches are stored as records.
         documents = None if payload.invalid else payload.documents

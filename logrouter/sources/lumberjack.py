@@ -59,7 +59,7 @@ class LumberjackProtocol(AckingConnection, StreamProtocol):
             max_decompressed_bytes=options["max_decompressed_bytes"],
             max_event_bytes=options["max_event_bytes"],
             max_data_fields=options["max_data_fields"],
-            keep_documents=True,  # read natively where the extension takes them (_events)
+            keep_documents=True,  # left undecoded for the native read (_events), where installed
         )
 
     def handle(self, message: wire.Window | wire.Events) -> None:
@@ -80,6 +80,14 @@ class LumberjackProtocol(AckingConnection, StreamProtocol):
 
     def _events(self, message: wire.Events) -> None:
         source: LumberjackSource = self.source  # type: ignore[assignment]
+        now = int(source.reactor.seconds() * NANOS)
+        read = None
+        if message.undecoded:
+            # The documents as received: read natively where the extension takes them all
+            # (one batch), else decoded here (counting those that are no JSON object).
+            read = source.native_reads.read(message.documents, now)
+            if read is None:
+                wire.decode_group(message)
         if message.invalid:
             source.invalid_events += message.invalid
             self.log.warn(
@@ -89,15 +97,11 @@ class LumberjackProtocol(AckingConnection, StreamProtocol):
                 window=message.window,
                 reason=message.invalid_reason,
             )
-        now = int(source.reactor.seconds() * NANOS)
-        if message.undecoded:
-            read = source.native_reads.read(message.documents, now)
-            if read is not None:
-                batch, keys = read
-                step = self.acks.add(message.window, message.ack_seq, 1)
-                self.submit(batch, self.acks.on_durable(step), events=keys)
-                return
-            wire.decode_group(message)  # the Python path, as without the extension
+        if read is not None:
+            batch, keys = read
+            step = self.acks.add(message.window, message.ack_seq, 1)
+            self.submit(batch, self.acks.on_durable(step), events=keys)
+            return
         documents = message.documents if message.documents_match else None
         records = message.records
         # Keys first: the batches may drop @metadata, which holds _id.

@@ -43,8 +43,8 @@ class Payload:
     documents: list[bytes] = field(default_factory=list, compare=False, repr=False)
     invalid: int = 0
     invalid_reason: str | None = None
-    #: ``events`` are the documents themselves, undecoded (each a JSON object the native
-    #: extension checked): read them natively or decode them (``decode_payload``).
+    #: ``events`` are the documents themselves, undecoded and unchecked (``invalid`` does
+    #: not count them yet): read them natively or decode them (``decode_payload``).
     undecoded: bool = False
 
 
@@ -56,9 +56,9 @@ def decode_records(
     The per-event hot path, in two tight passes: the records cut out (one unpack, one
     slice each), then all of them decoded at once (``json_text.objects_or_none``); a
     record that is not an object msgspec reads sends the payload one by one
-    (``json_text.objects_or_reasons``). With ``keep_documents``, records the native
-    extension reads as Python does (all of them JSON objects) are not decoded at all
-    (``Payload.undecoded``).
+    (``json_text.objects_or_reasons``). With ``keep_documents`` (and the native
+    extension installed) the records are not decoded at all (``Payload.undecoded``): the
+    source reads them natively, or decodes them (``decode_payload``).
     """
     payload = Payload(kind, nonce)
     raws: list[bytes] = []
@@ -79,41 +79,37 @@ def decode_records(
         if len(raws) >= max_events:
             raise DecodeError(f"{kind} payload holds more than max_payload_events {max_events} events")
         keep(content[start:pos])
-    if keep_documents and raws and _native_objects(raws):
+    if keep_documents and raws and NATIVE is not None:
         payload.events = raws  # type: ignore[assignment]
         payload.documents = raws
         payload.undecoded = True
         return payload
+    add_records(payload, raws)
+    return payload
+
+
+def add_records(payload: Payload, raws: list[bytes]) -> None:
+    """Decode the records ``raws`` into ``payload``: all at once, or one by one where one
+    is not an object msgspec reads (kept as ``{"message": text}`` then, and counted)."""
     records = json_text.objects_or_none(raws)
     if records is not None:
         payload.events = records
         payload.documents = raws
-        return payload
+        return
     for raw, verdict in zip(raws, json_text.objects_or_reasons(raws)):
         if verdict.__class__ is dict:
             payload.events.append(verdict)
             payload.documents.append(raw)
         else:
             add_invalid(payload, verdict, raw)
-    return payload
-
-
-def _native_objects(raws: list[bytes]) -> bool:
-    if NATIVE is None:
-        return False
-    try:
-        return NATIVE.check_documents(raws)
-    except Exception:  # noqa: BLE001 - a bug in the extension: the Python path is the reference
-        return False
 
 
 def decode_payload(payload: Payload) -> None:
-    """Decode the records of a payload kept ``undecoded`` (every one a JSON object)."""
+    """Decode the records of a payload kept ``undecoded``, as ``decode_records`` would have."""
     if payload.undecoded:
         raws = payload.documents
-        records = json_text.objects_or_none(raws)
-        payload.events = records if records is not None else [json_text.loads(raw) for raw in raws]
-        payload.undecoded = False
+        payload.events, payload.documents, payload.undecoded = [], [], False
+        add_records(payload, raws)
 
 
 def add_invalid(payload: Payload, reason: str, raw: bytes) -> None:
