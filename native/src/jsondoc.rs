@@ -236,7 +236,7 @@ pub fn scan<'a>(documents: &[&'a [u8]], now: i64, drop_metadata: bool, paths: &[
     Ok(out)
 }
 
-/// Whether every document is inside the subset (no output: the codec's check).
+/// Whether every document is inside the subset (no output, no time rules).
 pub fn check(documents: &[&[u8]]) -> bool {
     let mut scratch = Vec::new();
     documents.iter().all(|doc| {

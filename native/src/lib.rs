@@ -98,9 +98,9 @@ fn build<'py>(
     Ok(Some(result))
 }
 
-/// `check_documents(documents)`: whether every JSON document (bytes) is an object
-/// inside the subset `jsondoc` takes (the Lumberjack codec's check before it keeps a
-/// run of documents undecoded).
+/// `check_documents(documents)`: whether every JSON document (bytes or bytearray) is
+/// an object inside the subset `jsondoc` takes, the part of `scan_documents`' answer
+/// that does not depend on times or fields (for tests and tools).
 #[pyfunction]
 fn check_documents(py: Python<'_>, documents: Vec<Bound<'_, PyAny>>) -> PyResult<bool> {
     let copies = bytearray_copies(&documents)?;
