@@ -326,14 +326,15 @@ class Conn(source_fakes.Conn):
     pass
 
 
-@pytest.mark.parametrize("keep_metadata", [True, False])
-def test_a_lumberjack_read_stays_packed_into_the_lake(keep_metadata) -> None:
+@pytest.mark.parametrize("keep_metadata, compressed", [(True, True), (False, True), (True, False)])
+def test_a_lumberjack_read_stays_packed_into_the_lake(keep_metadata, compressed) -> None:
     docs = [filebeat(i) for i in range(120)]
     source, router, clock = source_fakes.make_source(
         LumberjackSource, "beats", tag="beats.${@metadata.beat}", keep_metadata=keep_metadata
     )
     conn = Conn(source)
-    conn.send(lj.encode_window(len(docs)) + lj.encode_compressed(b"".join(lj.encode_json(i + 1, d) for i, d in enumerate(docs))))
+    frames = b"".join(lj.encode_json(i + 1, d) for i, d in enumerate(docs))
+    conn.send(lj.encode_window(len(docs)) + (lj.encode_compressed(frames) if compressed else frames))
     [call] = router.calls
     batch = call.batch
     assert batch.tag == "beats.filebeat" and type(batch.events) is DocumentEvents
