@@ -36,7 +36,9 @@ def packed_of(batch: Batch) -> PackedEvents | None:
     if batch.is_deferred:
         return None
     events = batch.events
-    return events if type(events) is PackedEvents else None
+    # DocumentEvents (Beats, Log Courier) are packed too: their entries are the
+    # extension's transcode of the documents, which decodes to the same events.
+    return events if isinstance(events, PackedEvents) else None
 
 
 def _plain(value: Any, depth: int = 0) -> bool:

@@ -2,7 +2,8 @@
 
 The lake writer keeps each open file's rows waiting for a row group in a
 ``PendingRows``: decoded events, and events still packed as the forward entries that
-arrived (``wire.forward_lazy.PackedEvents``). When every row of a row group is
+arrived (``wire.forward_lazy.PackedEvents``, or Beats JSON documents the extension
+transcoded into such entries, ``wire.json_lazy.DocumentEvents``). When every row of a row group is
 packed and the extension is installed, ``file_schema_of`` and ``build_table`` go
 from the bytes to the table in native code (``logrouter_native.build``): the time
 column, each column of the file's schema typed, the rest as ``_extra`` JSON, never a
@@ -68,7 +69,7 @@ class PendingRows:
     def packed(self) -> list[PackedEvents] | None:
         """The parts, if every one of them is still packed (and the extension is here)."""
         parts = self.parts
-        if NATIVE is None or not parts or any(type(part) is not PackedEvents for part in parts):
+        if NATIVE is None or not parts or not all(isinstance(part, PackedEvents) for part in parts):
             return None
         return parts
 

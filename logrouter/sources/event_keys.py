@@ -37,6 +37,7 @@ from typing import Any, Callable
 import msgspec
 
 from logrouter.dedupe import DIGEST_BYTES
+from logrouter.wire.json_lazy import DOTTED_FIRST, WALK, Path
 
 AUTO = "auto"
 OFF = "off"
@@ -177,3 +178,73 @@ def _fields(paths: list[str], sender_of: Callable[[dict[str, Any]], Any]) -> Key
         return out if found else None
 
     return keys
+
+
+# -- keys from looked-up values (a read the native extension keeps undecoded) -------------
+
+_AUTO_PATHS = ("@metadata._id", "log.offset", "log.file.path", "agent.ephemeral_id", "@timestamp", SENDER_FIELD)
+ValuesKeyMaker = Callable[[list[list[Any]]], "list[Key | None] | None"]
+
+
+def value_key_maker(spec: str | list[str]) -> tuple[list[Path], ValuesKeyMaker] | None:
+    """For ``spec`` other than ``"off"``: the field paths whose values a key needs, and
+    the function giving the keys (as ``key_maker``'s) from those values, one list per
+    path (``json_lazy.scan_documents``: None for missing or null, ``CONTAINER`` for an
+    object or array). The lookups are the ones ``key_maker`` makes."""
+    if spec == OFF:
+        return None
+    blake2b = hashlib.blake2b
+    encode = _encode
+    size = DIGEST_BYTES
+    if spec == AUTO:
+        paths = [(WALK, path, tuple(path.split("."))) for path in _AUTO_PATHS]
+
+        def auto(columns: list[list[Any]]) -> list[Key | None] | None:
+            out: list[Key | None] = []
+            append = out.append
+            found = False
+            for doc_id, offset, path, ephemeral, stamp, sender in zip(*columns):
+                if doc_id.__class__ is str and doc_id:
+                    values: tuple = ("id", doc_id)
+                elif (
+                    offset.__class__ is int
+                    and path.__class__ is str
+                    and ephemeral.__class__ is str
+                    and stamp.__class__ is str
+                ):
+                    values = ("line", ephemeral, path, offset, stamp)
+                else:
+                    append(None)
+                    continue
+                try:
+                    data = encode(values)
+                except _UNENCODABLE:
+                    append(None)
+                    continue
+                append((sender if sender.__class__ is str else "", blake2b(data, digest_size=size).digest()))
+                found = True
+            return out if found else None
+
+        return paths, auto
+    names = list(spec)
+    paths = [(DOTTED_FIRST, path, tuple(path.split("."))) for path in [*names, SENDER_FIELD]]
+    name = "fields:" + "\0".join(names)
+
+    def fields(columns: list[list[Any]]) -> list[Key | None] | None:
+        out: list[Key | None] = []
+        found = False
+        for row in zip(*columns):
+            values, sender = row[:-1], row[-1]
+            if not all(isinstance(v, _SCALARS) for v in values):
+                out.append(None)
+                continue
+            try:
+                digest = _digest((name, *values))
+            except _UNENCODABLE:
+                out.append(None)
+                continue
+            out.append((sender if sender.__class__ is str else "", digest))
+            found = True
+        return out if found else None
+
+    return paths, fields

@@ -19,6 +19,8 @@ import calendar
 import datetime
 import re
 import threading
+from collections.abc import Sequence
+from functools import partial
 from itertools import repeat
 from operator import itemgetter
 from typing import Any, Callable
@@ -26,6 +28,7 @@ from typing import Any, Callable
 from logrouter.batch import Batch
 from logrouter.spool import formats
 from logrouter.wire import json_text
+from logrouter.wire.json_lazy import DocumentEvents, scan_documents
 
 NANOS = 1_000_000_000
 
@@ -355,9 +358,21 @@ def _loads_shallow(document: bytes) -> Any:
     return outcome
 
 
-def events_of_documents(documents: list[bytes], now: int, drop_metadata: bool) -> list[tuple[int, dict[str, Any]]]:
+def events_of_documents(documents: list[bytes], now: int, drop_metadata: bool) -> Sequence[tuple[int, dict[str, Any]]]:
     """The events ``batch_builder`` made of ``documents`` (each a JSON object's text)
-    read ``now`` (the packed form ``(JSON_DOCUMENTS, documents, now, drop_metadata)``)."""
+    read ``now`` (the packed form ``(JSON_DOCUMENTS, documents, now, drop_metadata)``):
+    kept undecoded where the native extension takes them (``wire.json_lazy``: the lake
+    builds its columns from them; the events, if read, are ``decode_documents``'),
+    else ``decode_documents``'."""
+    found = scan_documents(documents, now, drop_metadata, [])
+    if found is not None:
+        entries, buckets, _ = found
+        return DocumentEvents(entries, buckets, partial(decode_documents, documents, now, drop_metadata))
+    return decode_documents(documents, now, drop_metadata)
+
+
+def decode_documents(documents: list[bytes], now: int, drop_metadata: bool) -> list[tuple[int, dict[str, Any]]]:
+    """The events of ``documents`` read ``now``, decoded in Python: the reference."""
     records = []
     for document in documents:
         try:
@@ -375,8 +390,9 @@ def events_of_documents(documents: list[bytes], now: int, drop_metadata: bool) -
 
 # The spool's stored format of a batch built here from JSON documents (see
 # ``logrouter.spool.formats``). ``events_of_documents`` must keep giving the same events
-# for the same stored documents (so must ``timed_events``, ``_stamp_times``, ``_time_of``
-# and ``json_text.loads``, which it calls): a change to that needs a new name.
+# for the same stored documents (so must ``decode_documents``, ``timed_events``,
+# ``_stamp_times``, ``_time_of`` and ``json_text.loads``, which it calls, and the native
+# scan, which gives the same): a change to that needs a new name.
 JSON_DOCUMENTS = formats.register("json-documents", ("documents", "now", "drop_metadata"), events_of_documents).name
 
 

@@ -44,6 +44,7 @@ from logrouter.config.endpoints import listen_option
 from logrouter.config.options import Option, non_negative, positive
 from logrouter.sources.acks import AckingConnection, AckingSource
 from logrouter.sources.events import NANOS, TagTemplate, batch_builder, check_tag
+from logrouter.sources.json_native import NativeReads
 from logrouter.sources.stream import StreamProtocol, StreamSource
 from logrouter.sources.stream_handshake import HandshakeDone, HandshakeFailed
 from logrouter.wire import log_courier as wire
@@ -71,6 +72,7 @@ class LogCourierProtocol(AckingConnection, StreamProtocol):
             max_payload_bytes=options["max_payload_bytes"],
             max_event_bytes=options["max_event_bytes"],
             max_decompressed_bytes=options["max_decompressed_bytes"],
+            keep_documents=True,  # left undecoded for the native read (_payload), where installed
         )
 
     def connection_ready(self) -> None:
@@ -125,6 +127,16 @@ class LogCourierProtocol(AckingConnection, StreamProtocol):
 
     def _payload(self, payload: wire.Payload) -> None:
         source: LogCourierSource = self.source  # type: ignore[assignment]
+        now = int(source.reactor.seconds() * NANOS)
+        if payload.undecoded:
+            # The records as received: read natively where the extension takes them all
+            # (one batch), else decoded here (keeping those that are no JSON object as text).
+            read = source.native_reads.read(payload.documents, now)
+            if read is not None:
+                step = self.acks.add(payload.nonce, len(payload.events), 1)
+                self.submit(read[0], self.acks.on_durable(step), payload.nonce)
+                return
+            wire.decode_payload(payload)
         if payload.invalid:
             source.invalid_events += payload.invalid
             self.log.warn(
@@ -138,7 +150,7 @@ class LogCourierProtocol(AckingConnection, StreamProtocol):
         # An invalid record is kept as {"message": text}, which no document gives: then the
         # batches are stored as records.
         documents = None if payload.invalid else payload.documents
-        batches = source.batches(payload.events, int(source.reactor.seconds() * NANOS), documents)
+        batches = source.batches(payload.events, now, documents)
         step = self.acks.add(payload.nonce, len(payload.events), len(batches))
         for batch in batches:
             self.submit(batch, self.acks.on_durable(step), self._key(payload.nonce, batch, len(batches)))
@@ -241,4 +253,6 @@ class LogCourierSource(AckingSource, StreamSource):
         super().__init__(*args, **kwargs)
         self.invalid_events = 0
         self.unknown_messages = 0
-        self.batches = batch_builder(TagTemplate(self.options["tag"]))
+        template = TagTemplate(self.options["tag"])
+        self.batches = batch_builder(template)
+        self.native_reads = NativeReads(template, False)

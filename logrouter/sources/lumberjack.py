@@ -40,6 +40,7 @@ from logrouter.config.endpoints import listen_option
 from logrouter.config.options import Option, non_negative, positive
 from logrouter.sources import event_keys
 from logrouter.sources.acks import AckingConnection, AckingSource
+from logrouter.sources.json_native import NativeReads
 from logrouter.sources.events import NANOS, TagTemplate, batch_builder, check_tag, timestamp_ns  # noqa: F401 - re-exported
 from logrouter.sources.stream import StreamProtocol, StreamSource
 from logrouter.wire import lumberjack as wire
@@ -58,6 +59,7 @@ class LumberjackProtocol(AckingConnection, StreamProtocol):
             max_decompressed_bytes=options["max_decompressed_bytes"],
             max_event_bytes=options["max_event_bytes"],
             max_data_fields=options["max_data_fields"],
+            keep_documents=True,  # left undecoded for the native read (_events), where installed
         )
 
     def handle(self, message: wire.Window | wire.Events) -> None:
@@ -78,6 +80,14 @@ class LumberjackProtocol(AckingConnection, StreamProtocol):
 
     def _events(self, message: wire.Events) -> None:
         source: LumberjackSource = self.source  # type: ignore[assignment]
+        now = int(source.reactor.seconds() * NANOS)
+        read = None
+        if message.undecoded:
+            # The documents as received: read natively where the extension takes them all
+            # (one batch), else decoded here (counting those that are no JSON object).
+            read = source.native_reads.read(message.documents, now)
+            if read is None:
+                wire.decode_group(message)
         if message.invalid:
             source.invalid_events += message.invalid
             self.log.warn(
@@ -87,11 +97,16 @@ class LumberjackProtocol(AckingConnection, StreamProtocol):
                 window=message.window,
                 reason=message.invalid_reason,
             )
+        if read is not None:
+            batch, keys = read
+            step = self.acks.add(message.window, message.ack_seq, 1)
+            self.submit(batch, self.acks.on_durable(step), events=keys)
+            return
         documents = message.documents if message.documents_match else None
         records = message.records
         # Keys first: the batches may drop @metadata, which holds _id.
         keys = source.event_keys(records) if source.event_keys is not None and records else None
-        batches = source.batches(records, int(source.reactor.seconds() * NANOS), documents)
+        batches = source.batches(records, now, documents)
         step = self.acks.add(message.window, message.ack_seq, len(batches))
         if keys is None:
             for batch in batches:
@@ -178,4 +193,7 @@ class LumberjackSource(AckingSource, StreamSource):
         self.tag_template = TagTemplate(self.options["tag"])
         self.batches = batch_builder(self.tag_template, drop_metadata=not self.options["keep_metadata"])
         self.event_keys = event_keys.key_maker(self.options["idempotency_key"])
+        self.native_reads = NativeReads(
+            self.tag_template, not self.options["keep_metadata"], self.options["idempotency_key"]
+        )
 

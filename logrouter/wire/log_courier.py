@@ -88,7 +88,7 @@ from logrouter.wire.log_courier_messages import (
     printable,
     show_code,
 )
-from logrouter.wire.log_courier_records import Payload, decode_records, encode_records
+from logrouter.wire.log_courier_records import Payload, decode_payload, decode_records, encode_records
 
 __all__ = [
     "Ackn",
@@ -101,6 +101,7 @@ __all__ = [
     "Helo",
     "LogCourierDecoder",
     "Payload",
+    "decode_payload",
     "Ping",
     "Pong",
     "Unknown",
@@ -146,12 +147,14 @@ class LogCourierDecoder:
         max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
         max_payload_events: int = DEFAULT_MAX_PAYLOAD_EVENTS,
         max_unknown_bytes: int | None = DEFAULT_MAX_UNKNOWN_BYTES,
+        keep_documents: bool = False,
     ) -> None:
         self.max_payload_bytes = max_payload_bytes
         self.max_event_bytes = max_event_bytes
         self.max_decompressed_bytes = max_decompressed_bytes
         self.max_payload_events = max_payload_events
         self.max_unknown_bytes = max_unknown_bytes
+        self.keep_documents = keep_documents  # Payload.undecoded where the extension takes them
         self.messages = 0  # messages decoded so far (HELO is valid only as the first)
         self._buffer = bytearray()
         self._need = 8  # bytes the buffer must hold before parsing can progress
@@ -318,7 +321,7 @@ class LogCourierDecoder:
         return DecodeError(f"{kind} payload: {error.reason}")
 
     def _payload(self, kind: str, nonce: bytes, content: bytes) -> Payload:
-        payload = decode_records(content, kind, nonce, self.max_event_bytes, self.max_payload_events)
+        payload = decode_records(content, kind, nonce, self.max_event_bytes, self.max_payload_events, self.keep_documents)
         self.messages += 1
         return payload
 

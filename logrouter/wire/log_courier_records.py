@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from logrouter.native import NATIVE
 from logrouter.wire import json_text
 from logrouter.wire.errors import DecodeError
 
@@ -33,6 +34,7 @@ class Payload:
     ``documents`` are the JSON texts of the valid ones, in order (the spool stores those
     rather than encoding the records again).
     Acknowledge with ``encode_ackn(nonce, n)`` once the first ``n`` events are stored.
+    With ``undecoded``, ``events`` are the documents, not yet decoded.
     """
 
     kind: str  # "JDAT" or "EVNT"
@@ -41,15 +43,22 @@ class Payload:
     documents: list[bytes] = field(default_factory=list, compare=False, repr=False)
     invalid: int = 0
     invalid_reason: str | None = None
+    #: ``events`` are the documents themselves, undecoded and unchecked (``invalid`` does
+    #: not count them yet): read them natively or decode them (``decode_payload``).
+    undecoded: bool = False
 
 
-def decode_records(content: bytes, kind: str, nonce: bytes, max_event_bytes: int, max_events: int) -> Payload:
+def decode_records(
+    content: bytes, kind: str, nonce: bytes, max_event_bytes: int, max_events: int, keep_documents: bool = False
+) -> Payload:
     """The records of an inflated payload: ``u32 BE length`` + JSON, back to back.
 
     The per-event hot path, in two tight passes: the records cut out (one unpack, one
     slice each), then all of them decoded at once (``json_text.objects_or_none``); a
     record that is not an object msgspec reads sends the payload one by one
-    (``json_text.objects_or_reasons``).
+    (``json_text.objects_or_reasons``). With ``keep_documents`` (and the native
+    extension installed) the records are not decoded at all (``Payload.undecoded``): the
+    source reads them natively, or decodes them (``decode_payload``).
     """
     payload = Payload(kind, nonce)
     raws: list[bytes] = []
@@ -70,18 +79,37 @@ def decode_records(content: bytes, kind: str, nonce: bytes, max_event_bytes: int
         if len(raws) >= max_events:
             raise DecodeError(f"{kind} payload holds more than max_payload_events {max_events} events")
         keep(content[start:pos])
+    if keep_documents and raws and NATIVE is not None:
+        payload.events = raws  # type: ignore[assignment]
+        payload.documents = raws
+        payload.undecoded = True
+        return payload
+    add_records(payload, raws)
+    return payload
+
+
+def add_records(payload: Payload, raws: list[bytes]) -> None:
+    """Decode the records ``raws`` into ``payload``: all at once, or one by one where one
+    is not an object msgspec reads (kept as ``{"message": text}`` then, and counted)."""
     records = json_text.objects_or_none(raws)
     if records is not None:
         payload.events = records
         payload.documents = raws
-        return payload
+        return
     for raw, verdict in zip(raws, json_text.objects_or_reasons(raws)):
         if verdict.__class__ is dict:
             payload.events.append(verdict)
             payload.documents.append(raw)
         else:
             add_invalid(payload, verdict, raw)
-    return payload
+
+
+def decode_payload(payload: Payload) -> None:
+    """Decode the records of a payload kept ``undecoded``, as ``decode_records`` would have."""
+    if payload.undecoded:
+        raws = payload.documents
+        payload.events, payload.documents, payload.undecoded = [], [], False
+        add_records(payload, raws)
 
 
 def add_invalid(payload: Payload, reason: str, raw: bytes) -> None:

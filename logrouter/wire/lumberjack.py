@@ -50,6 +50,7 @@ import struct
 import sys
 from typing import Any
 
+from logrouter.native import NATIVE
 from logrouter.wire import json_text
 from logrouter.wire.errors import DecodeError
 from logrouter.wire.inflate import InflateError, inflate
@@ -88,6 +89,8 @@ __all__ = [
     "encode_json",
     "encode_window",
     "encode_window_frames",
+    "add_documents",
+    "decode_group",
 ]
 
 DEFAULT_MAX_WINDOW_SIZE = 10_000  # go-lumber's MaxWindowSize default (section 3)
@@ -106,6 +109,34 @@ _U32X2 = struct.Struct(">II")
 _TAG_U32X2 = struct.Struct(">HII")  # version and frame type as one number, seq, length
 
 _UNBOUNDED = sys.maxsize
+
+
+def decode_group(group: Events) -> None:
+    """Decode an ``Events`` kept undecoded (``records`` its documents) into what the
+    Python path gives: the records of the JSON objects, the others counted invalid."""
+    if group.undecoded:
+        documents, seqs = group.records, group.seqs
+        group.records, group.documents, group.seqs, group.undecoded = [], [], [], False
+        add_documents(group, documents, seqs)  # type: ignore[arg-type]
+
+
+def add_documents(group: Events, documents: list[bytes], seqs: list[int]) -> None:
+    """Decode a run of ``J`` documents (their frames' ``seqs``) into ``group``: all at
+    once (``json_text.objects_or_none``), or, where one is not an object msgspec reads,
+    one by one (``json_text.objects_or_reasons``), each getting its own verdict."""
+    records = json_text.objects_or_none(documents)
+    if records is not None:
+        group.records.extend(records)
+        group.documents.extend(documents)
+        return
+    for document, seq, verdict in zip(documents, seqs, json_text.objects_or_reasons(documents)):
+        if verdict.__class__ is dict:
+            group.records.append(verdict)
+            group.documents.append(document)
+        else:
+            group.invalid += 1
+            if group.invalid_reason is None:
+                group.invalid_reason = f"event seq {seq}: payload is {verdict}"
 
 
 # -- the server-side decoder ---------------------------------------------------------------
@@ -128,12 +159,15 @@ class LumberjackDecoder:
         max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
         max_event_bytes: int = DEFAULT_MAX_EVENT_BYTES,
         max_data_fields: int = DEFAULT_MAX_DATA_FIELDS,
+        keep_documents: bool = False,
     ) -> None:
         self.max_window_size = max_window_size
         self.max_frame_bytes = max_frame_bytes
         self.max_decompressed_bytes = max_decompressed_bytes
         self.max_event_bytes = max_event_bytes
         self.max_data_fields = max_data_fields
+        # Runs of J frames stay undecoded, for the source's native read (Events.undecoded).
+        self.keep_documents = keep_documents and NATIVE is not None
         # One event may be no larger than either limit; errors name the one that bit.
         if max_event_bytes < max_frame_bytes:
             self._event_limit, self._event_limit_name = max_event_bytes, "max_event_bytes"
@@ -325,7 +359,8 @@ class LumberjackDecoder:
             return len(self._out), None, ()
         return len(self._out), group, (
             len(group.records), len(group.documents), group.documents_match,
-            group.frames, group.invalid, group.invalid_reason, group.ack_seq, group.complete,
+            group.frames, group.invalid, group.invalid_reason, group.ack_seq, group.complete, group.undecoded,
+            len(group.seqs),
         )
 
     def _rollback(self, mark: tuple[int, Events | None, tuple[Any, ...]]) -> None:
@@ -336,7 +371,10 @@ class LumberjackDecoder:
             del group.records[fields[0] :]
             del group.documents[fields[1] :]
             group.documents_match = fields[2]
-            group.frames, group.invalid, group.invalid_reason, group.ack_seq, group.complete = fields[3:]
+            group.frames, group.invalid, group.invalid_reason, group.ack_seq, group.complete = fields[3:8]
+            # Records decoded since the mark stay decoded; a group undecoded since is empty again.
+            group.undecoded = group.undecoded and fields[8]
+            del group.seqs[fields[9] :]
         self._c_mark = None
 
     def _open_group(self) -> Events:
@@ -371,7 +409,8 @@ class LumberjackDecoder:
         json_tag = self._vbyte << 8 | JSON
         limit = self._event_limit
         top = self._top_seq
-        start = pos
+        seqs: list[int] = []
+        keep_seq = seqs.append
         for _ in range(self._frames_left):
             if end - pos < 10:
                 break
@@ -382,32 +421,24 @@ class LumberjackDecoder:
             if stop > end or size > limit:
                 break  # the caller waits for it, or refuses it once this run is accounted
             keep(buf[pos + 10 : stop])
+            keep_seq(seq)
             if seq > top:
                 top = seq
             pos = stop
         frames = len(documents)
-        records = json_text.objects_or_none(documents)
-        if records is not None:
-            group.records.extend(records)
+        if self.keep_documents and (group.undecoded or not group.records):
+            # Left undecoded for the source's native read, which checks them (Events.undecoded).
+            group.undecoded = True
+            group.records.extend(documents)
             group.documents.extend(documents)
+            group.seqs.extend(seqs)
         else:
-            at = start
-            for document, verdict in zip(documents, json_text.objects_or_reasons(documents)):
-                if verdict.__class__ is dict:
-                    group.records.append(verdict)
-                    group.documents.append(document)
-                else:
-                    self._invalid(group, verdict, unpack(buf, at)[1])
-                at += 10 + len(document)
+            if group.undecoded:
+                decode_group(group)
+            add_documents(group, documents, seqs)
         self._frames_left -= frames
         self._close_run(group, frames, top)
         return pos
-
-    @staticmethod
-    def _invalid(group: Events, reason: str, seq: int) -> None:
-        group.invalid += 1
-        if group.invalid_reason is None:
-            group.invalid_reason = f"event seq {seq}: payload is {reason}"
 
     def _data_frame(self, buf: bytes | bytearray, pos: int, end: int, depth: int) -> int:
         """Decode one v1 ``D`` frame; return its end, or ``-need`` when it is incomplete.
@@ -459,6 +490,8 @@ class LumberjackDecoder:
             p = stop
         else:
             group = self._open_group()
+            if group.undecoded:
+                decode_group(group)
             group.records.append(record)
             group.documents_match = False  # a record without a JSON text
             self._close_run(group, 1, max(seq, self._top_seq))

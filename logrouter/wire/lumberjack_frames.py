@@ -84,7 +84,11 @@ class Events:
     counts the data frames (valid and invalid); ``invalid`` those whose payload was not a
     JSON object, with the first reason in ``invalid_reason``. ``complete`` says whether
     the window has now received at least its announced count. ``window`` is 0 for data
-    frames that arrived before any ``W``.
+    frames that arrived before any ``W``. ``undecoded``: the decoder was asked to keep
+    the ``J`` documents undecoded (the native extension is installed), and did:
+    ``records`` are then the documents themselves, not yet checked (``invalid`` does not
+    count them yet), for the caller to read natively (``logrouter.wire.json_lazy``) or
+    decode (``lumberjack.decode_group``, which counts the invalid ones).
     """
 
     version: int
@@ -97,6 +101,8 @@ class Events:
     invalid: int = 0
     invalid_reason: str | None = None
     complete: bool = False
+    undecoded: bool = field(default=False, compare=False, repr=False)
+    seqs: list[int] = field(default_factory=list, compare=False, repr=False)  # of the undecoded documents
 
 
 # -- encoders ------------------------------------------------------------------------------

@@ -9,13 +9,15 @@
 
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyList, PyTuple};
+use pyo3::types::{PyByteArray, PyBytes, PyList, PyString, PyTuple};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 pub mod columns;
 pub mod edits;
 pub mod frame;
 pub mod json;
+pub mod jsondoc;
+pub mod jsonparse;
 pub mod reader;
 
 /// Run `work` without the GIL; a panic (a bug, never an input's doing) becomes a
@@ -269,6 +271,110 @@ fn entries_at<'py>(
         edits: &edits[0],
     };
     Ok(guarded(py, || edits::entries_at(&part, &rows))?.ok())
+/// `check_documents(documents)`: whether every JSON document (bytes or bytearray) is
+/// an object inside the subset `jsondoc` takes, the part of `scan_documents`' answer
+/// that does not depend on times or fields (for tests and tools).
+#[pyfunction]
+fn check_documents(py: Python<'_>, documents: Vec<Bound<'_, PyAny>>) -> PyResult<bool> {
+    let copies = bytearray_copies(&documents)?;
+    let docs = document_slices(&documents, &copies);
+    guarded(py, || jsondoc::check(&docs))
+}
+
+/// Copies of the documents that are bytearrays (a codec's slices of its buffer), which
+/// another thread could change while the GIL is released; bytes are read in place.
+fn bytearray_copies(documents: &[Bound<'_, PyAny>]) -> PyResult<Vec<Option<Vec<u8>>>> {
+    documents
+        .iter()
+        .map(|d| {
+            if d.is_instance_of::<PyBytes>() {
+                Ok(None)
+            } else {
+                Ok(Some(d.cast::<PyByteArray>().map_err(PyErr::from)?.to_vec()))
+            }
+        })
+        .collect()
+}
+
+fn document_slices<'a>(documents: &'a [Bound<'_, PyAny>], copies: &'a [Option<Vec<u8>>]) -> Vec<&'a [u8]> {
+    documents
+        .iter()
+        .zip(copies)
+        .map(|(d, copy)| match copy {
+            Some(bytes) => bytes.as_slice(),
+            None => d.cast::<PyBytes>().map(|b| b.as_bytes()).unwrap_or(&[]),
+        })
+        .collect()
+}
+
+/// `scan_documents(documents, now, drop_metadata, paths)`: None if any document is
+/// outside the subset; else `(entries, buckets, values)`: the records as a
+/// PackedForward entries blob (what `scan` and `build` take, times as EventTimes,
+/// `@metadata` left out with `drop_metadata`), `[(hour bucket, events), ...]` in order
+/// of first appearance, and per path (`(lookup, dotted name, keys)`, lookup 0: nested
+/// objects, 1: a top-level key with the whole dotted name first) a list of each
+/// event's value there: None (missing or null), bool, int, float, str, or `...` for
+/// an object or array.
+#[pyfunction]
+fn scan_documents<'py>(
+    py: Python<'py>,
+    documents: Vec<Bound<'py, PyAny>>,
+    now: i64,
+    drop_metadata: bool,
+    paths: Vec<(u8, String, Vec<String>)>,
+) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let copies = bytearray_copies(&documents)?;
+    let docs = document_slices(&documents, &copies);
+    let specs: Vec<jsondoc::Path> = paths
+        .iter()
+        .map(|(lookup, name, keys)| jsondoc::Path {
+            lookup: if *lookup == 1 { jsondoc::Lookup::DottedFirst } else { jsondoc::Lookup::Walk },
+            name: name.as_bytes().to_vec(),
+            keys: keys.iter().map(|k| k.as_bytes().to_vec()).collect(),
+        })
+        .collect();
+    if specs.iter().any(|p| p.keys.is_empty()) {
+        return Ok(None);
+    }
+    let found = match guarded(py, || jsondoc::scan(&docs, now, drop_metadata, &specs))? {
+        Ok(found) => found,
+        Err(_) => return Ok(None),
+    };
+    let values = PyList::empty(py);
+    for column in &found.values {
+        let list = PyList::empty(py);
+        // Events of one sender mostly repeat a field's text: one str object for a run.
+        let mut last: Option<(&[u8], Bound<'py, PyAny>)> = None;
+        for v in column {
+            let item: Bound<'py, PyAny> = match v {
+                jsonparse::Val::Missing => py.None().into_bound(py),
+                jsonparse::Val::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
+                jsonparse::Val::Int(i) => i.into_pyobject(py)?.into_any(),
+                jsonparse::Val::Float(f) => f.into_pyobject(py)?.into_any(),
+                jsonparse::Val::Container => py.Ellipsis().into_bound(py),
+                jsonparse::Val::Str(_) | jsonparse::Val::Owned(_) => {
+                    let bytes: &[u8] = match v {
+                        jsonparse::Val::Str(s) => s,
+                        jsonparse::Val::Owned(s) => s,
+                        _ => unreachable!(),
+                    };
+                    match &last {
+                        Some((text, obj)) if *text == bytes => obj.clone(),
+                        _ => {
+                            let text = std::str::from_utf8(bytes).map_err(|_| PyRuntimeError::new_err("not UTF-8"))?;
+                            let obj = PyString::new(py, text).into_any();
+                            last = Some((bytes, obj.clone()));
+                            obj
+                        }
+                    }
+                }
+            };
+            list.append(item)?;
+        }
+        values.append(list)?;
+    }
+    let result = (PyBytes::new(py, &found.blob), found.buckets, values).into_pyobject(py)?;
+    Ok(Some(result))
 }
 
 #[pymodule]
@@ -279,6 +385,8 @@ fn logrouter_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(texts, m)?)?;
     m.add_function(wrap_pyfunction!(values, m)?)?;
     m.add_function(wrap_pyfunction!(entries_at, m)?)?;
+    m.add_function(wrap_pyfunction!(check_documents, m)?)?;
+    m.add_function(wrap_pyfunction!(scan_documents, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

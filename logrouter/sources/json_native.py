@@ -1,0 +1,87 @@
+"""A read of Beats / Log Courier JSON documents made into a batch without decoding it.
+
+Where the native extension takes a read (``wire.json_lazy.scan_documents``), the
+source's per-event work runs on what the scan handed back instead of on decoded
+records: the tag from the template's fields' values, the idempotency keys from the
+key's fields' values (``event_keys.value_key_maker``), the events kept as
+``DocumentEvents`` (the lake builds its columns from them natively), and the batch
+carries the documents as received, which the spool stores as ``json-documents``, as
+on the Python path (``events.batch_builder``), which gives the same tag, keys and
+events. A read whose events do not all get one tag is left to that path (a batch per
+tag would need the rows picked out of the blob).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from logrouter.batch import Batch
+from logrouter.sources import event_keys
+from logrouter.sources.events import JSON_DOCUMENTS, TagTemplate, decode_documents
+from logrouter.wire.json_lazy import CONTAINER, DOTTED_FIRST, DocumentEvents, scan_documents
+
+__all__ = ["NativeReads"]
+
+
+def _text(value: Any, default: str) -> str:
+    """A tag field's text, as ``events._field_getter`` renders it."""
+    if value.__class__ is str:
+        return value
+    if value is None or value is CONTAINER:
+        return default
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
+    return str(value)
+
+
+class NativeReads:
+    """A source's reads made into batches from the native scan (``read``)."""
+
+    def __init__(self, template: TagTemplate, drop_metadata: bool, key_spec: str | list[str] | None = None) -> None:
+        self.static = template.static
+        self.parts = template.parts
+        self.fields = [part for part in template.parts if not isinstance(part, str)]
+        self.drop_metadata = drop_metadata
+        made = None if key_spec is None else event_keys.value_key_maker(key_spec)
+        self.key_paths, self.keys_of = ([], None) if made is None else made
+        self.paths = [(DOTTED_FIRST, name, keys) for name, keys, _ in self.fields] + list(self.key_paths)
+
+    def _tag(self, columns: list[list[Any]]) -> str | None:
+        """The one tag of every event, or None when they differ."""
+        if self.static is not None:
+            return self.static
+        texts = iter(columns)
+        out = []
+        for part in self.parts:
+            if isinstance(part, str):
+                out.append(part)
+                continue
+            column = next(texts)
+            first = column[0]
+            if first.__class__ is str and column.count(first) == len(column) and set(map(type, column)) == {str}:
+                out.append(first)
+                continue
+            default = part[2]
+            found = {_text(value, default) for value in column}
+            if len(found) != 1:
+                return None
+            out.append(found.pop())
+        return "".join(out)
+
+    def read(self, documents: list[bytes], now: int) -> tuple[Batch, list | None] | None:
+        """The batch of ``documents`` read ``now`` (ns) and its events' idempotency keys
+        (None: none has one), or None: the caller decodes them and takes its Python path."""
+        found = scan_documents(documents, now, self.drop_metadata, self.paths)
+        if found is None:
+            return None
+        entries, buckets, values = found
+        tag = self._tag(values[: len(self.fields)])
+        if tag is None:
+            return None
+        keys = None if self.keys_of is None else self.keys_of(values[len(self.fields) :])
+        events = DocumentEvents(entries, buckets, partial(decode_documents, documents, now, self.drop_metadata))
+        packed = (JSON_DOCUMENTS, documents, now, self.drop_metadata)
+        return Batch(tag, events, json_values=True, packed=packed), keys

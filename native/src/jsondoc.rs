@@ -1,0 +1,277 @@
+//! Beats / Log Courier JSON documents (one event each) read without Python objects.
+//!
+//! `scan` checks every document is a JSON object the Python path reads the same way,
+//! gives each event its time by the rules of `logrouter.sources.events` (`@timestamp`,
+//! else the arrival time), and transcodes the records into a PackedForward-style
+//! entries blob (`[EventTime, map]` per event, `@metadata` left out when asked), which
+//! the forward columns builder (`columns::run`) then reads as it reads any entries.
+//! It also hands back the values of the fields the source needs per event (the tag
+//! template's, the idempotency key's) as `Val`s.
+//!
+//! The subset: a top-level object; strict JSON (RFC 8259 grammar, whitespace
+//! `\x20\t\n\r` only); strings of valid UTF-8 without raw control characters and without
+//! a lone surrogate escape; no key twice in one object (Python keeps the last one);
+//! integers inside int64; floats that stay finite; nesting at most `MAX_DEPTH` deep.
+//! A `@timestamp` string in a shape the Python rules may read differently than these
+//! (non-ASCII, an offset, an impossible date) and a time EventTime cannot hold (before
+//! 1970-01-01T00:00:00.000000001Z or from 2106 on) are outside too. Outside means the
+//! whole list goes to the Python path, the reference.
+
+use crate::jsonparse::{Top, Val, P};
+use crate::reader::{hour_bucket, Outside, R, NANOS_PER_SECOND};
+
+
+/// How a field path is looked up (`logrouter.sources.events` / `event_keys`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Lookup {
+    /// Nested objects key by key.
+    Walk,
+    /// A top-level key holding the whole dotted name first (unless null), else `Walk`.
+    DottedFirst,
+}
+
+pub struct Path {
+    pub lookup: Lookup,
+    pub name: Vec<u8>,
+    pub keys: Vec<Vec<u8>>,
+}
+
+pub struct Scanned<'a> {
+    pub blob: Vec<u8>,
+    pub buckets: Vec<(i64, usize)>,
+    /// Per path, per event.
+    pub values: Vec<Vec<Val<'a>>>,
+}
+
+const TIMESTAMP: &[u8] = b"@timestamp";
+
+
+// -- event time (logrouter.sources.events.timestamp_ns and _time_of) ---------------------
+
+const MIN_SECONDS: i64 = -9_223_372_035; // events._MIN_SECONDS
+const MAX_SECONDS: i64 = 9_223_372_035; // events._MAX_SECONDS
+
+fn digits(s: &[u8]) -> Option<i64> {
+    let mut v = 0i64;
+    for &c in s {
+        if !c.is_ascii_digit() {
+            return None;
+        }
+        v = v * 10 + (c - b'0') as i64;
+    }
+    Some(v)
+}
+
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// `@timestamp`'s time in ns, `Ok(None)` where Python gives the arrival time, `Outside`
+/// where the Python rules might read it otherwise than these.
+pub fn stamp_time(t: &[u8]) -> R<Option<i64>> {
+    if !t.is_ascii() {
+        return Err(Outside);
+    }
+    let n = t.len();
+    if n >= 20 && matches!(t[n - 1], b'Z' | b'z') {
+        let p = &t[..19];
+        if !(p[4] == b'-' && p[7] == b'-' && matches!(p[10], b'T' | b't' | b' ') && p[13] == b':' && p[16] == b':') {
+            return Ok(None);
+        }
+        let field = |a: usize, b: usize| digits(&p[a..b]).ok_or(Outside);
+        let (y, mo, d, h, mi, s) = (field(0, 4)?, field(5, 7)?, field(8, 10)?, field(11, 13)?, field(14, 16)?, field(17, 19)?);
+        let leap = (y % 4 == 0 && y % 100 != 0) || y % 400 == 0;
+        let month_days = [31, if leap { 29 } else { 28 }, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31];
+        if y < 1 || !(1..=12).contains(&mo) || d < 1 || d > month_days[(mo - 1) as usize] || h > 23 || mi > 59 || s > 59 {
+            return Err(Outside); // fromisoformat refuses it (arrival time): not worth the risk
+        }
+        let seconds = days_from_civil(y, mo, d) * 86_400 + h * 3600 + mi * 60 + s;
+        if !(MIN_SECONDS..=MAX_SECONDS).contains(&seconds) {
+            return Ok(None);
+        }
+        let fraction = &t[19..n - 1];
+        if fraction.is_empty() {
+            return Ok(Some(seconds * NANOS_PER_SECOND));
+        }
+        if fraction[0] != b'.' || fraction.len() < 2 || !fraction[1..].iter().all(u8::is_ascii_digit) {
+            return Ok(None);
+        }
+        let kept = &fraction[1..fraction.len().min(10)];
+        let scale = 10i64.pow(9 - kept.len() as u32);
+        return Ok(Some(seconds * NANOS_PER_SECOND + digits(kept).ok_or(Outside)? * scale));
+    }
+    if n < 4 || !t[..4].iter().all(u8::is_ascii_digit) {
+        return Ok(None); // fromisoformat wants four digits of year first
+    }
+    Err(Outside) // offsets and other ISO forms: datetime.fromisoformat decides
+}
+
+/// The value at `path` in the record whose top-level members are `top`.
+fn lookup<'a>(doc: &'a [u8], top: &Top<'a>, path: &Path) -> R<Val<'a>> {
+    let member = |name: &[u8]| top.members.iter().find(|(k, ..)| &**k == name);
+    if path.lookup == Lookup::DottedFirst && path.keys.len() > 1 {
+        if let Some((_, _, _, v)) = member(&path.name) {
+            if *v != Val::Missing {
+                return Ok(v.clone());
+            }
+        }
+    }
+    let (_, mut start, _, first) = match member(&path.keys[0]) {
+        Some(m) => m.clone(),
+        None => return Ok(Val::Missing),
+    };
+    if path.keys.len() == 1 {
+        return Ok(first);
+    }
+    let mut scratch = Vec::new();
+    let last = path.keys.len() - 1;
+    for (depth, key) in path.keys.iter().enumerate().skip(1) {
+        let mut p = P { s: doc, i: start };
+        if p.peek()? != b'{' {
+            return Ok(Val::Missing);
+        }
+        p.i += 1;
+        // Find `key` among the object's members (the document was checked already).
+        let mut found = None;
+        p.skip_ws();
+        if p.peek()? != b'}' {
+            loop {
+                p.skip_ws();
+                p.expect(b'"')?;
+                let k: Vec<u8> = match p.string(&mut scratch)? {
+                    Some(raw) => raw.to_vec(),
+                    None => scratch.clone(),
+                };
+                p.skip_ws();
+                p.expect(b':')?;
+                p.skip_ws();
+                let at = p.i;
+                let v = p.value(&mut None, &mut scratch, 1)?;
+                if k == *key {
+                    found = Some((at, v));
+                    break;
+                }
+                p.skip_ws();
+                if p.peek()? == b',' {
+                    p.i += 1;
+                } else {
+                    break;
+                }
+            }
+        }
+        match found {
+            None => return Ok(Val::Missing),
+            Some((at, v)) => {
+                if depth == last {
+                    return Ok(v);
+                }
+                start = at;
+            }
+        }
+    }
+    Ok(Val::Missing)
+}
+
+/// One document: its record as msgpack into `blob` (after the entry's head, which the
+/// caller writes once the time is known), its time, and the paths' values.
+fn document<'a>(doc: &'a [u8], now: i64, drop_metadata: bool, paths: &[Path], blob: &mut Vec<u8>, values: &mut [Vec<Val<'a>>]) -> R<i64> {
+    let mut p = P { s: doc, i: 0 };
+    p.skip_ws();
+    p.expect(b'{')?;
+    let head = blob.len();
+    blob.extend_from_slice(&[0x92, 0xd7, 0x00, 0, 0, 0, 0, 0, 0, 0, 0]);
+    let mut top = Top { drop_metadata, members: Vec::new() };
+    let mut scratch = Vec::new();
+    p.object(&mut Some(blob), &mut scratch, 1, Some(&mut top))?;
+    p.skip_ws();
+    if p.i != doc.len() {
+        return Err(Outside);
+    }
+    let mut time = now;
+    if let Some((_, _, _, stamp)) = top.members.iter().find(|(k, ..)| &**k == TIMESTAMP) {
+        let found = match stamp {
+            Val::Str(s) => stamp_time(s)?,
+            Val::Owned(s) => stamp_time(s)?,
+            _ => None,
+        };
+        if let Some(t) = found {
+            time = t;
+        }
+    }
+    // EventTime holds seconds as u32, and 0 means "now" to the entries reader.
+    if time <= 0 || time / NANOS_PER_SECOND > u32::MAX as i64 {
+        return Err(Outside);
+    }
+    let seconds = (time / NANOS_PER_SECOND) as u32;
+    let nanos = (time % NANOS_PER_SECOND) as u32;
+    blob[head + 3..head + 7].copy_from_slice(&seconds.to_be_bytes());
+    blob[head + 7..head + 11].copy_from_slice(&nanos.to_be_bytes());
+    for (path, out) in paths.iter().zip(values.iter_mut()) {
+        out.push(lookup(doc, &top, path)?);
+    }
+    Ok(time)
+}
+
+/// Scan every document (see the module's docs), `now` being the arrival time.
+pub fn scan<'a>(documents: &[&'a [u8]], now: i64, drop_metadata: bool, paths: &[Path]) -> R<Scanned<'a>> {
+    let total: usize = documents.iter().map(|d| d.len()).sum();
+    let mut out = Scanned { blob: Vec::with_capacity(total), buckets: Vec::new(), values: paths.iter().map(|_| Vec::with_capacity(documents.len())).collect() };
+    for doc in documents {
+        let time = document(doc, now, drop_metadata, paths, &mut out.blob, &mut out.values)?;
+        let bucket = hour_bucket(time);
+        if let Some((_, count)) = out.buckets.iter_mut().find(|(known, _)| *known == bucket) {
+            *count += 1;
+        } else if out.buckets.len() >= 1024 {
+            return Err(Outside);
+        } else {
+            out.buckets.push((bucket, 1));
+        }
+    }
+    Ok(out)
+}
+
+/// Whether every document is inside the subset (no output, no time rules).
+pub fn check(documents: &[&[u8]]) -> bool {
+    let mut scratch = Vec::new();
+    documents.iter().all(|doc| {
+        let mut p = P { s: doc, i: 0 };
+        p.skip_ws();
+        if p.expect(b'{').is_err() || p.object(&mut None, &mut scratch, 1, None).is_err() {
+            return false;
+        }
+        p.skip_ws();
+        p.i == doc.len()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stamps() {
+        assert_eq!(stamp_time(b"1970-01-01T00:00:01.5Z"), Ok(Some(1_500_000_000)));
+        assert_eq!(stamp_time(b"2024-01-02T03:04:05Z"), Ok(Some(1_704_164_645_000_000_000)));
+        assert_eq!(stamp_time(b"hello"), Ok(None));
+        assert_eq!(stamp_time(b"2024-01-02T03:04:05.Z"), Ok(None));
+        assert!(stamp_time(b"2024-02-30T03:04:05Z").is_err());
+    }
+
+    #[test]
+    fn transcodes() {
+        let docs: Vec<&[u8]> = vec![br#"{"a":1,"b":[true,null,"x\u00e9"],"@metadata":{"beat":"f"}}"#];
+        let paths = vec![Path { lookup: Lookup::Walk, name: b"@metadata.beat".to_vec(), keys: vec![b"@metadata".to_vec(), b"beat".to_vec()] }];
+        let s = scan(&docs, 5_000_000_000, true, &paths).unwrap();
+        assert_eq!(s.values[0][0], Val::Str(b"f"));
+        assert_eq!(s.buckets, vec![(0, 1)]);
+        assert!(!check(&[br#"{"a":1,"a":2}"#]));
+        assert!(!check(&[br#"{"a":"\ud800"}"#]));
+        assert!(!check(&[br#"[1]"#]));
+    }
+}
