@@ -271,6 +271,8 @@ fn entries_at<'py>(
         edits: &edits[0],
     };
     Ok(guarded(py, || edits::entries_at(&part, &rows))?.ok())
+}
+
 /// `check_documents(documents)`: whether every JSON document (bytes or bytearray) is
 /// an object inside the subset `jsondoc` takes, the part of `scan_documents`' answer
 /// that does not depend on times or fields (for tests and tools).
