@@ -4,6 +4,11 @@ Lake tests read and write the lake with the engines around it: Spark (``spark_dd
 pyspark on ``local[1]``), an HDFS MiniDFSCluster (``hdfs_cluster``), Iceberg tables with
 pyiceberg and a PostgreSQL catalog (``postgres_server``). Without java, the tarballs or
 the servers they need they are skipped, saying why.
+
+The MiniDFSCluster and the PostgreSQL server are started once for the whole session
+(``hdfs``, ``postgres``), by the first test that asks, and stopped at its end: starting
+a MiniDFSCluster costs 10-20 s, and four modules use one. Each test keeps to its own
+HDFS directory and its own database, so sharing them hides nothing between tests.
 """
 
 import os
@@ -35,3 +40,28 @@ def spark_jvm_with_the_iceberg_runtime():
         except (ImportError, JarsUnavailable):
             pass
     yield
+
+
+@pytest.fixture(scope="session")
+def hdfs(tmp_path_factory):
+    """One MiniDFSCluster for every lake test that needs one; a test that stops its
+    NameNode starts it again before it ends, whatever happened."""
+    from hdfs_cluster import cluster_or_skip
+
+    cluster = cluster_or_skip(tmp_path_factory.mktemp("hdfs"))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """One PostgreSQL server for every lake test that needs one (its ``uri`` names the
+    ``iceberg`` database; a test that needs a database of its own creates it)."""
+    from postgres_server import PostgresServer, skip_reason
+
+    if skip_reason():
+        pytest.skip(skip_reason())
+    with PostgresServer() as server:
+        yield server

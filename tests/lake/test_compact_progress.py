@@ -4,7 +4,9 @@ plain lines per partition and a summary otherwise.
 The rendering is checked with a fake terminal (a stream whose ``isatty`` says yes) and
 made-up job results; then the real command compacts a tiny local lake (three sealed
 partitions, one Spark job on ``local[1]``) once with its stdout on a pseudo-terminal and
-once on a pipe. The real runs are skipped, with the reason, without pyspark or java.
+a copy of it on a pipe (the two jobs at once: each is mostly a JVM starting), every row
+read back after, and a second run on the compacted copy finds nothing to do. The real
+runs are skipped, with the reason, without pyspark or java.
 """
 
 from __future__ import annotations
@@ -155,11 +157,22 @@ def run_on_a_terminal(argv: list[str], env: dict[str, str], timeout: float = 600
 
 def test_logrouter_compact_on_a_terminal_and_on_a_pipe(lake, tmp_path):
     _skip_without_spark()
+    from logrouter.compaction.layout import is_compacted
+    from logrouter.lake.dataset import lake_dataset
+
     copy = tmp_path / "copy"
     shutil.copytree(lake, copy)
     size = human_bytes(sum(f.stat().st_size for f in lake.rglob("hour=*/*.parquet")))  # what the plan counts
-    argv, env = command(lake)
-    status, shown = run_on_a_terminal(argv, env)
+    argv, env = command(copy)
+    piped = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        argv, env = command(lake)
+        status, shown = run_on_a_terminal(argv, env)
+        out, err = piped.communicate(timeout=600)
+    finally:
+        if piped.poll() is None:
+            piped.kill()
+            piped.communicate(timeout=30)
     assert status == 0, shown
     lines = shown.split("\n")
     assert lines[0].startswith(f"lake {lake}: 3 partition(s), 12 files, ")
@@ -176,14 +189,24 @@ def test_logrouter_compact_on_a_terminal_and_on_a_pipe(lake, tmp_path):
     assert final.group(4) == size and f" · {size} in " in lines[6]
     assert lines[7:] == [""] and "[1/3]" not in shown
 
-    argv, env = command(copy)
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert "\r" not in done.stdout
-    lines = done.stdout.splitlines()
+    assert piped.returncode == 0, out + err
+    assert "\r" not in out
+    lines = out.splitlines()
+    assert lines[0].startswith(f"lake {copy}: 3 partition(s), 12 files, ")
     assert lines[4] == f"compacting 3 partition(s) of {copy} with Spark (local[1]) …"
     for index, hour in enumerate(("07", "08", "09"), start=1):
         assert re.fullmatch(rf"\[{index}/3\] tag=app/dt=2024-05-01/hour={hour}: compacted, 4 files \(.+\) -> 1 \(.+\), "
                             r"40 rows, [\d.]+s", lines[4 + index]), lines
     assert re.fullmatch(rf"done: 3/3 partition\(s\) \(3 compacted\) · rows 120 · {size} in [\d.]+s", lines[8]), lines
     assert len(lines) == 9
+
+    # every row once, in one compacted file per partition, on both lakes
+    for root in (lake, copy):
+        assert sorted(lake_dataset(str(root)).to_table().column("n").to_pylist()) == sorted(list(range(40)) * 3)
+        files = sorted(f.relative_to(root) for f in root.rglob("hour=*/*.parquet"))
+        assert [f.parent.name for f in files] == ["hour=07", "hour=08", "hour=09"], files
+        assert all(is_compacted(f.name) for f in files), files
+    # and a compacted lake has nothing left to compact
+    argv, env = command(copy)
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=600, env=env)
+    assert again.returncode == 0 and again.stdout.splitlines() == [f"lake {copy}: 0 partition(s), 0 files, 0 B"]

@@ -16,8 +16,6 @@ import re
 import shutil
 import socket
 import struct
-import subprocess
-import sys
 import time
 
 import msgpack
@@ -136,28 +134,3 @@ def test_the_daemon_compacts_the_partitions_it_wrote(tmp_path):
     assert len(files) == 1 < BATCHES and files[0].startswith("compacted-")
     assert not os.path.exists(tmp_path / "lake" / "_compaction" / key)
 
-
-def test_logrouter_compact_runs_the_job_and_shows_progress(tmp_path):
-    _skip_without_spark()
-    from logrouter.compaction.command import PACKAGE_PARENT
-    from logrouter.lake.writer import LakeWriter
-
-    root = str(tmp_path / "lake")
-    t0 = 1_714_546_800 * 10**9  # 2024-05-01T07:00:00Z: long sealed
-    for n in range(6):
-        writer = LakeWriter(root, f"w{n}", 1 << 30, 60)
-        writer.write("app", [(t0 + n * 1000 + i, {"n": n * 10 + i}) for i in range(10)], now=0)
-        writer.publish(writer.seal_all())
-    env = dict(os.environ, PYTHONPATH=PACKAGE_PARENT)
-    command = [sys.executable, "-m", "logrouter", "compact", "--path", root, "--master", "local[1]",
-               "--conf", "spark.sql.shuffle.partitions=1"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
-    assert done.returncode == 0, done.stdout + done.stderr
-    lines = done.stdout.splitlines()
-    assert lines[0].startswith(f"lake {root}: 1 partition(s), 6 files, ")
-    assert lines[2] == f"compacting 1 partition(s) of {root} with Spark (local[1]) …"
-    assert re.fullmatch(r"\[1/1\] tag=app/dt=2024-05-01/hour=07: compacted, 6 files \(.+\) -> 1 \(.+\), 60 rows, "
-                        r"[\d.]+s", lines[3]), lines
-    assert sorted(lake_dataset(root).to_table().column("n").to_pylist()) == list(range(60))
-    again = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
-    assert again.returncode == 0 and again.stdout.splitlines() == [f"lake {root}: 0 partition(s), 0 files, 0 B"]

@@ -1,5 +1,5 @@
 """The lake on a real HDFS: one MiniDFSCluster (hadoop-client-minicluster, see
-tests/hdfs_cluster.py) for the module, on loopback.
+tests/hdfs_cluster.py), the session's (tests/lake/conftest.py), on loopback.
 
 * the filesystem seam (``HdfsFileSystem`` through hdfs-native) against the real
   NameNode: create refuses an existing name, rename with overwrite replaces, exclusive
@@ -29,7 +29,7 @@ import pytest
 
 from chunk_client import EVENTS_PER_CHUNK, Client
 from daemon import Daemon
-from hdfs_cluster import cluster_or_skip, in_child
+from hdfs_cluster import in_child
 from logrouter.lake.dataset import lake_dataset
 from logrouter.lake.fs import HdfsFileSystem, filesystem_for
 
@@ -52,15 +52,6 @@ row_group_rows = 500
 retry_initial_secs = 0.2
 retry_max_secs = 1
 """
-
-
-@pytest.fixture(scope="module")
-def hdfs(tmp_path_factory):
-    cluster = cluster_or_skip(tmp_path_factory.mktemp("hdfs"))
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 def lake_ids(url: str) -> list[str]:
@@ -208,9 +199,11 @@ def test_a_namenode_restart_mid_run_is_survived_by_retry(hdfs, tmp_path):
             down_at = len(daemon.lines)
             for outage in range(3):
                 hdfs.stop_namenode()
-                wait_acked(client, len(client.acked) + 20, 30)  # the spool takes them meanwhile
-                up_at = len(daemon.lines)
-                hdfs.start_namenode()
+                try:
+                    wait_acked(client, len(client.acked) + 20, 30)  # the spool takes them meanwhile
+                    up_at = len(daemon.lines)
+                finally:  # the cluster is the session's: the next tests need its NameNode
+                    hdfs.start_namenode()
                 lines_after(daemon, up_at, r"parquet sink lake committed", 90)  # recovered by itself
                 if any(FAILED.search(line) for line in daemon.lines[down_at:]):
                     break

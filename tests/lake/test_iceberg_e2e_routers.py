@@ -29,9 +29,8 @@ pytest.importorskip("pyiceberg")
 from chunk_client import Client, expected_ids  # noqa: E402
 from crash_cycles import finish, run_cycles  # noqa: E402
 from daemon import Daemon  # noqa: E402
-from hdfs_cluster import cluster_or_skip, in_child  # noqa: E402
+from hdfs_cluster import in_child  # noqa: E402
 from iceberg_spark import IcebergSpark, jars_or_skip, spark_or_skip  # noqa: E402
-from postgres_server import PostgresServer, skip_reason  # noqa: E402
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -63,23 +62,6 @@ flatten = true
 """
 
 
-@pytest.fixture(scope="module")
-def postgres():
-    if skip_reason():
-        pytest.skip(skip_reason())
-    with PostgresServer() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def hdfs(tmp_path_factory):
-    cluster = cluster_or_skip(tmp_path_factory.mktemp("hdfs"))
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-
-
 def scan(uri: str, warehouse: str) -> dict:
     """In a child interpreter: the table's ids, writers and whether its files are on HDFS."""
     from logrouter.lake.fs import filesystem_for
@@ -99,7 +81,7 @@ def scan(uri: str, warehouse: str) -> dict:
 def test_two_routers_on_one_postgres_catalog_and_one_hdfs_warehouse_one_killed(postgres, hdfs, tmp_path):
     spark_or_skip()
     jars = jars_or_skip()
-    warehouse = hdfs.url("/warehouse")
+    warehouse = hdfs.url("/routers/warehouse")  # the HDFS is the session's: a directory of its own
     workdirs = [tmp_path / "router1", tmp_path / "router2"]
     configs = []
     for n, workdir in enumerate(workdirs, 1):

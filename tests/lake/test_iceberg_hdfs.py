@@ -1,6 +1,6 @@
 """Iceberg tables on a real HDFS through ``logrouter.lake.iceberg_hdfs_io.HdfsFileIO``.
 
-One MiniDFSCluster (tests/hdfs_cluster.py) for the module. A pyiceberg SQL catalog on a
+The session's MiniDFSCluster (tests/hdfs_cluster.py, tests/lake/conftest.py). A pyiceberg SQL catalog on a
 SQLite file with its warehouse at ``hdfs://127.0.0.1:PORT/warehouse`` and
 ``py-io-impl`` naming our FileIO: create a partitioned table, append twice, scan every
 row back; every data, manifest and metadata file is on the NameNode. And the FileIO's
@@ -16,20 +16,11 @@ from __future__ import annotations
 
 import pytest
 
-from hdfs_cluster import cluster_or_skip, in_child
+from hdfs_cluster import in_child
 
 pytest.importorskip("pyiceberg")
 
 IO_IMPL = "logrouter.lake.iceberg_hdfs_io.HdfsFileIO"
-
-
-@pytest.fixture(scope="module")
-def hdfs(tmp_path_factory):
-    cluster = cluster_or_skip(tmp_path_factory.mktemp("hdfs"))
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 def file_io_contract(base: str) -> dict:

@@ -15,7 +15,6 @@ import pytest
 
 pytest.importorskip("pyiceberg")
 
-from postgres_server import PostgresServer, skip_reason  # noqa: E402
 from test_iceberg_sink_commit import make_sink, record, stop, tick  # noqa: E402
 
 from logrouter.lake import iceberg_commit  # noqa: E402
@@ -23,14 +22,6 @@ from logrouter.lake.iceberg_catalog import open_catalog  # noqa: E402
 from logrouter.sinks.worker_sink import RESET  # noqa: E402
 
 ROUNDS = 12
-
-
-@pytest.fixture(scope="module")
-def postgres():
-    if skip_reason():
-        pytest.skip(skip_reason())
-    with PostgresServer() as server:
-        yield server
 
 
 @pytest.fixture

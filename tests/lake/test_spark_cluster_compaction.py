@@ -1,8 +1,8 @@
 """Compaction on a real Spark standalone cluster over a lake on a real HDFS.
 
-One MiniDFSCluster (tests/hdfs_cluster.py) and one Spark standalone master + worker,
-both started from pyspark's own launcher (``bin/spark-class``) on loopback, for the
-module. ``logrouter compact --master spark://127.0.0.1:PORT`` compacts many sealed
+The session's MiniDFSCluster (tests/hdfs_cluster.py) and one Spark standalone master + worker,
+both on loopback, the Spark pair started from pyspark's own launcher (``bin/spark-class``)
+for the module. ``logrouter compact --master spark://127.0.0.1:PORT`` compacts many sealed
 partitions of ``hdfs://127.0.0.1:PORT/lake`` in ONE job (one Spark application, no JVM
 per partition), audited and swapped as on ``local[*]``; the lake is then read back with
 pyarrow and with a Spark session on the same cluster. hdfs-native runs only in child
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from hdfs_cluster import cluster_or_skip, in_child
+from hdfs_cluster import in_child
 from repo_paths import REPO
 from logrouter.compaction.layout import is_compacted, list_partitions
 from logrouter.lake.dataset import lake_dataset
@@ -92,21 +92,8 @@ class Launched:
 
 
 @pytest.fixture(scope="module")
-def hdfs(tmp_path_factory):
-    try:
-        import pyspark  # noqa: F401
-    except ImportError as error:
-        pytest.skip(f"pyspark is not installed: {error}")
-    cluster = cluster_or_skip(tmp_path_factory.mktemp("hdfs"))
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
-
-
-@pytest.fixture(scope="module")
 def spark_master(hdfs, tmp_path_factory):
-    import pyspark
+    pyspark = pytest.importorskip("pyspark")
 
     home = Path(pyspark.__file__).parent
     base = tmp_path_factory.mktemp("spark")
