@@ -32,15 +32,19 @@ path = "lake"
 """
 
 
+WATCHED = ("grpc", "zmq", "google.protobuf", "pyarrow", "pyiceberg", "OpenSSL", "cryptography", "service_identity",
+           "logrouter.router", "logrouter.sources.lumberjack", "logrouter.sources.pravega", "logrouter.sinks.iceberg",
+           "logrouter.filters.grep", "logrouter.filters.dedupe")
+
+
 def loaded_after(code: str) -> dict[str, bool]:
     """Which of the watched modules are loaded (their code run) after ``code``."""
     script = textwrap.dedent(code) + textwrap.dedent("""
         import json, sys
         def run(name):
             return name in sys.modules
-        print(json.dumps({name: run(name) for name in ("grpc", "zmq", "google.protobuf", "pyarrow", "pyiceberg",
-                                                       "OpenSSL", "cryptography", "service_identity")}))
-    """)
+        print(json.dumps({name: run(name) for name in %r}))
+    """) % (WATCHED,)
     out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -81,6 +85,17 @@ def test_the_supervisor_side_loads_none_of_them() -> None:
         load_string({FORWARD_TO_LAKE!r})
     """)
     assert not any(loaded.values()), loaded
+
+
+def test_the_config_check_imports_only_the_components_named() -> None:
+    loaded = loaded_after(f"""
+        import sys
+        from logrouter.config.load import load_string
+        config = load_string({FORWARD_TO_LAKE!r})
+        assert "logrouter.sources.fluent_forward" in sys.modules and "logrouter.sinks.parquet" in sys.modules
+        assert config.sinks["lake"].cls.TYPE == "parquet"
+    """)
+    assert not any(loaded[name] for name in WATCHED if name.startswith("logrouter.")), loaded
 
 
 def test_a_worker_without_tls_loads_no_openssl() -> None:
