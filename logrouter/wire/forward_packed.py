@@ -32,11 +32,10 @@ from logrouter.wire.forward_entries import (
     new_unpacker,
     str_keyed,
 )
-from logrouter.lazy_import import lazy
 from logrouter.wire.inflate import GZIP, InflateError, inflate_pieces
 
-try:  # imported on the first zstd blob: most senders never send one (~2 MiB a process)
-    zstandard: Any = lazy("zstandard")
+try:
+    import zstandard
 except ImportError:  # zstd is optional: fluentd itself calls it experimental (section 5)
     zstandard = None
 
