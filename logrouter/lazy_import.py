@@ -1,6 +1,6 @@
 """Modules imported on first use: heavy libraries that only some components need.
 
-The config check imports every component module (``registry.load_builtin``), in every
+The config check imports the module of every component type the config names, in every
 process: the supervisor of ``[router] workers`` too, which never runs a component. A
 library a component only needs once it runs (pyzmq for the logjam source and sink) is
 bound at module level through ``lazy(name)``: it is imported on the first attribute read.

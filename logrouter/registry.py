@@ -1,10 +1,11 @@
 """Component classes by kind and config type name.
 
-Modules register their classes with the decorators below; ``load_builtin()`` imports the
-modules that ship with logrouter so the config validator sees every type name, every
-config section and check other packages own (``CONFIG_MODULES``, see
-``logrouter.config.sections``) and, through the sources, every stored format of the
-spool (``logrouter.spool.formats``).
+Modules register their classes with the decorators below. A process imports only the
+modules of the types its config names (``get``: ``BUILTIN_TYPES`` says where each
+built-in type is), the modules of the config sections and checks other packages own
+(``CONFIG_MODULES``, see ``logrouter.config.sections``), and the module of a stored format
+of the spool when a record of it is read (``STORED_FORMATS``, ``logrouter.spool.formats``).
+``load_builtin()`` imports them all, for the docs and the tools that list every type.
 """
 
 from __future__ import annotations
@@ -20,31 +21,53 @@ SINKS: dict[str, type] = {}
 
 KINDS = {"sources": SOURCES, "filters": FILTERS, "sinks": SINKS}
 
-BUILTIN_MODULES = (
-    "logrouter.sources.fluent_forward",
-    "logrouter.sources.lumberjack",
-    "logrouter.sources.log_courier",
-    "logrouter.sources.logjam",
-    "logrouter.sources.pravega",
-    "logrouter.filters.match",
-    "logrouter.filters.grep",
-    "logrouter.filters.fields",
-    "logrouter.filters.drop",
-    "logrouter.filters.parse",
-    "logrouter.filters.parse_time",
-    "logrouter.filters.sample",
-    "logrouter.filters.throttle",
-    "logrouter.filters.dedupe",
-    "logrouter.filters.route",
-    "logrouter.sinks.parquet",
-    "logrouter.sinks.iceberg",
-    "logrouter.sinks.fluent_forward",
-    "logrouter.sinks.lumberjack",
-    "logrouter.sinks.logjam",
-    "logrouter.sinks.file",
-    "logrouter.sinks.stdout",
-    "logrouter.sinks.blackhole",
-)
+#: The module that registers each built-in type: what a config names is imported, and
+#: nothing else (each component module costs memory in every process that checks a
+#: config: ``docs/operations/memory.md``). ``tests/unit/test_registry.py`` checks it against
+#: what the modules register.
+BUILTIN_TYPES: dict[str, dict[str, str]] = {
+    "sources": {
+        "fluent_forward": "logrouter.sources.fluent_forward",
+        "lumberjack": "logrouter.sources.lumberjack",
+        "log_courier": "logrouter.sources.log_courier",
+        "logjam": "logrouter.sources.logjam",
+        "pravega": "logrouter.sources.pravega",
+    },
+    "filters": {
+        "match": "logrouter.filters.match",
+        "grep": "logrouter.filters.grep",
+        "set": "logrouter.filters.fields",
+        "remove": "logrouter.filters.fields",
+        "rename": "logrouter.filters.fields",
+        "drop": "logrouter.filters.drop",
+        "parse_json": "logrouter.filters.parse",
+        "parse_regex": "logrouter.filters.parse",
+        "parse_time": "logrouter.filters.parse_time",
+        "sample": "logrouter.filters.sample",
+        "throttle": "logrouter.filters.throttle",
+        "dedupe": "logrouter.filters.dedupe",
+        "route": "logrouter.filters.route",
+    },
+    "sinks": {
+        "parquet": "logrouter.sinks.parquet",
+        "iceberg": "logrouter.sinks.iceberg",
+        "fluent_forward": "logrouter.sinks.fluent_forward",
+        "lumberjack": "logrouter.sinks.lumberjack",
+        "logjam": "logrouter.sinks.logjam",
+        "file": "logrouter.sinks.file",
+        "stdout": "logrouter.sinks.stdout",
+        "blackhole": "logrouter.sinks.blackhole",
+    },
+}
+
+BUILTIN_MODULES = tuple(dict.fromkeys(module for types in BUILTIN_TYPES.values() for module in types.values()))
+
+#: The module that registers each stored format of the spool (``logrouter.spool.formats``):
+#: a spool may hold records of a source no longer in the config, read back all the same.
+STORED_FORMATS: dict[str, str] = {
+    "forward": "logrouter.sources.fluent_forward",
+    "json-documents": "logrouter.sources.events",
+}
 
 #: Modules that register config sections and checks (``logrouter.config.sections``), in
 #: the order their checks run.
@@ -78,5 +101,34 @@ def sink(type_name: str) -> Callable[[T], T]:
 
 
 def load_builtin() -> None:
+    """Every built-in type (the docs and tools that list them all)."""
     for module in (*BUILTIN_MODULES, *CONFIG_MODULES):
+        importlib.import_module(module)
+
+
+def load_config_modules() -> None:
+    """What a config check needs whatever the config names (``CONFIG_MODULES``)."""
+    for module in CONFIG_MODULES:
+        importlib.import_module(module)
+
+
+def names(kind: str) -> list[str]:
+    """Every type name of ``kind`` (``sources``, ``filters``, ``sinks``), loaded or not."""
+    return sorted(set(BUILTIN_TYPES[kind]) | set(KINDS[kind]))
+
+
+def get(kind: str, type_name: str) -> type | None:
+    """The class of ``type_name``, its module imported if it is built in and was not yet;
+    None for a name nobody registers."""
+    table = KINDS[kind]
+    module = BUILTIN_TYPES[kind].get(type_name)
+    if type_name not in table and module is not None:
+        importlib.import_module(module)
+    return table.get(type_name)
+
+
+def load_stored_format(name: str) -> None:
+    """Import the module that registers stored format ``name``, if one does."""
+    module = STORED_FORMATS.get(name)
+    if module is not None:
         importlib.import_module(module)

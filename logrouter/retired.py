@@ -219,7 +219,9 @@ class RetiredSources:
         filters = {}
         for name, definition in entry.graph["filters"].items():
             try:
-                cls = registry.FILTERS[definition["type"]]
+                cls = registry.get("filters", definition["type"])
+                if cls is None:
+                    raise ValueError(f"unknown filter type {definition['type']!r}")
                 options = {k: o.default for k, o in cls.OPTIONS.items() if not o.required}
                 options.update(definition["options"])
                 filters[name] = cls(name, options, self.errors)

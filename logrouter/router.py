@@ -333,11 +333,9 @@ class Router:
             yield source.start()
         self.check_backpressure()
         if self.config.router["metrics_listen"] and not self.stop_requested:
-            from twisted.internet import endpoints
+            from logrouter import http_endpoint, tls
 
-            from logrouter import http_endpoint
-
-            endpoint = endpoints.serverFromString(self.reactor, self.config.router["metrics_listen"])
+            endpoint = tls.listening_endpoint(self.reactor, self.config.router["metrics_listen"])
             self.metrics_port = yield endpoint.listen(http_endpoint.site(http_endpoint.RouterPages(self)))
             address = self.metrics_port.getHost()
             self.log.info("metrics listening on {host} port {port}", host=address.host, port=address.port)

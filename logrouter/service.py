@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.application import service
 from twisted.internet import defer, error
@@ -11,7 +11,9 @@ from twisted.logger import Logger
 from logrouter.config.load import Config
 from logrouter.failures import exit_failed
 from logrouter.reload_queue import ReloadQueue
-from logrouter.router import Router
+
+if TYPE_CHECKING:
+    from logrouter.router import Router
 
 
 class RouterService(service.Service):
@@ -59,6 +61,10 @@ class RouterService(service.Service):
         self._started.addCallbacks(self._running, self._failed)
 
     def build_router(self) -> Router:
+        # imported here: the supervisor of [router] workers imports this module for its
+        # helpers below and runs no router (msgspec, msgpack and the rest stay out of it)
+        from logrouter.router import Router
+
         return Router(self.config, self.reactor)
 
     def _install_sighup(self) -> None:

@@ -5,10 +5,14 @@ from __future__ import annotations
 import os
 import sys
 
-from twisted.python import usage
+from logrouter.twisted_without_openssl import import_twisted
 
-from logrouter.config.load import DEFAULT_CONFIG, ConfigError, invalid_config_header, load_string, read_text
-from logrouter.failures import EXIT_FAILURE
+import_twisted()  # before anything imports the reactor or endpoints: no pyOpenSSL without TLS
+
+from twisted.python import usage  # noqa: E402
+
+from logrouter.config.load import DEFAULT_CONFIG, ConfigError, invalid_config_header, load_string, read_text  # noqa: E402
+from logrouter.failures import EXIT_FAILURE  # noqa: E402
 
 
 class Options(usage.Options):

@@ -11,20 +11,32 @@ certificates, in one of three modes shared by every source:
 It also records why OpenSSL rejected a client certificate (the X.509 verify error, not
 just "certificate verify failed") and turns a TLS failure into one readable reason for
 the source's log line.
+
+pyOpenSSL and cryptography (~13 MiB of RSS) are imported on first use, not with this
+module: the config check imports it for every config, and a process whose config has no
+TLS never loads them (``logrouter.twisted_without_openssl``, ``docs/operations/memory.md``).
+For the same reason TLS connections and listeners are built here over plain TCP
+(``connect``, ``ClientEndpoint``, ``listening_endpoint``), never with the reactor's
+``connectSSL``/``listenSSL``, which work only if pyOpenSSL was loaded before the reactor.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 from typing import Any
 
-from OpenSSL import SSL
-from twisted.internet import endpoints, ssl
-from twisted.internet.interfaces import IOpenSSLContextFactory
-from twisted.protocols.tls import TLSMemoryBIOFactory
+from twisted.internet import defer, endpoints
+from twisted.internet.interfaces import IOpenSSLContextFactory, IStreamClientEndpoint, IStreamServerEndpoint
 from twisted.python.failure import Failure
 from twisted.python.filepath import FilePath
 from zope.interface import implementer
+
+from logrouter.lazy_import import lazy
+
+OpenSSL = lazy("OpenSSL")  # its SSL module: OpenSSL.SSL
+ssl = lazy("twisted.internet.ssl")
+protocols_tls = lazy("twisted.protocols.tls")
 
 CLIENT_CERT_MODES = ("none", "optional", "required")
 
@@ -112,7 +124,7 @@ def server_options(
     if dh_parameters:
         kwargs["dhParameters"] = ssl.DiffieHellmanParameters.fromFile(FilePath(dh_parameters))
     if method:
-        kwargs["method"] = getattr(SSL, method)
+        kwargs["method"] = getattr(OpenSSL.SSL, method)
     if client_certs == "none":
         return ssl.CertificateOptions(**kwargs)
     if not ca_file:
@@ -138,9 +150,9 @@ class ClientCertificateOptions:
 
     def __init__(self, options: ssl.CertificateOptions) -> None:
         self.options = options
-        self._context: SSL.Context | None = None
+        self._context: OpenSSL.SSL.Context | None = None
 
-    def getContext(self) -> SSL.Context:
+    def getContext(self) -> OpenSSL.SSL.Context:
         if self._context is None:
             context = self.options.getContext()
             context.set_verify(context.get_verify_mode(), _remember_verify_error)
@@ -148,7 +160,7 @@ class ClientCertificateOptions:
         return self._context
 
 
-def _remember_verify_error(connection: SSL.Connection, certificate: Any, errno: int, depth: int, ok: int) -> bool:
+def _remember_verify_error(connection: OpenSSL.SSL.Connection, certificate: Any, errno: int, depth: int, ok: int) -> bool:
     if not ok:
         transport = connection.get_app_data()
         if transport is not None and getattr(transport, VERIFY_ERROR_ATTRIBUTE, None) is None:
@@ -191,9 +203,51 @@ def server_endpoint(reactor: Any, description: str, client_certs: str = "none", 
     ``backlog``) are honoured and the context verifies clients against ``ca_file``.
     """
     if client_certs == "none":
-        return endpoints.serverFromString(reactor, description)
+        return listening_endpoint(reactor, description)
     port, context, interface, backlog = _ssl_server_parts(description, client_certs, ca_file)
-    return endpoints.SSL4ServerEndpoint(reactor, port, context, backlog=backlog, interface=interface)
+    return ServerEndpoint(reactor, port, context, backlog, interface)
+
+
+def listening_endpoint(reactor: Any, description: str) -> Any:
+    """``serverFromString(reactor, description)``, but an ``ssl:`` endpoint listens with
+    ``ServerEndpoint`` (TLS over ``listenTCP``, the same as ``listenSSL`` does)."""
+    if endpoint_kind(description) != "ssl":
+        return endpoints.serverFromString(reactor, description)
+    _, args, kwargs = endpoints._parseServer(description, None)
+    return ServerEndpoint(reactor, args[0], args[2], kwargs.get("backlog", 50), kwargs.get("interface", ""))
+
+
+@implementer(IStreamServerEndpoint)
+class ServerEndpoint:
+    """A TLS listener over TCP: what ``SSL4ServerEndpoint`` and the reactor's ``listenSSL``
+    do, without depending on the reactor having found pyOpenSSL when it was imported."""
+
+    def __init__(self, reactor: Any, port: int, context: Any, backlog: int = 50, interface: str = "") -> None:
+        self.reactor, self.port, self.context = reactor, int(port), context
+        self.backlog, self.interface = int(backlog), interface
+
+    def listen(self, factory: Any) -> defer.Deferred:
+        return defer.execute(self.reactor.listenTCP, self.port, wrap_factory(factory, self.context),
+                             self.backlog, self.interface)
+
+
+@implementer(IStreamClientEndpoint)
+class ClientEndpoint:
+    """TLS over the client endpoint ``inner`` (``endpoints.wrapClientTLS``, which needs
+    pyOpenSSL loaded before ``twisted.internet.endpoints``); fires with the protocol of
+    ``factory``, not the TLS one around it."""
+
+    def __init__(self, creator: Any, inner: Any) -> None:
+        self.creator, self.inner = creator, inner
+
+    def connect(self, factory: Any) -> defer.Deferred:
+        wrapped = protocols_tls.TLSMemoryBIOFactory(self.creator, True, factory)
+        return self.inner.connect(wrapped).addCallback(lambda protocol: protocol.wrappedProtocol)
+
+
+def connect(reactor: Any, host: str, port: int, factory: Any, creator: Any, timeout: float) -> Any:
+    """``reactor.connectSSL``: TLS over ``connectTCP``, as the reactor itself does it."""
+    return reactor.connectTCP(host, port, protocols_tls.TLSMemoryBIOFactory(creator, True, factory), timeout)
 
 
 def server_context(description: str, client_certs: str = "none", ca_file: str | None = None) -> Any:
@@ -247,16 +301,16 @@ def check_server_endpoint(description: str, client_certs: str, ca_file: str | No
         raise ValueError(f"bad endpoint {description!r}: {type(e).__name__}: {e}") from None
 
 
-def wrap_factory(factory: Any, context_factory: Any) -> TLSMemoryBIOFactory:
+def wrap_factory(factory: Any, context_factory: Any) -> Any:
     """TLS over any stream endpoint: wrap a server ``factory`` (e.g. for a ``tcp:`` listener
     whose certificates come from a source's own options)."""
-    return TLSMemoryBIOFactory(context_factory, False, factory)
+    return protocols_tls.TLSMemoryBIOFactory(context_factory, False, factory)
 
 
 # -- what happened -----------------------------------------------------------------------
 
 
-def _openssl_reasons(error: SSL.Error) -> str:
+def _openssl_reasons(error: OpenSSL.SSL.Error) -> str:
     details = error.args[0] if error.args else None
     if isinstance(details, list):
         reasons = [str(item[-1]) for item in details if isinstance(item, tuple) and item and item[-1]]
@@ -267,7 +321,9 @@ def _openssl_reasons(error: SSL.Error) -> str:
 
 def failure_reason(transport: Any, reason: Failure | None) -> str | None:
     """Why a TLS connection failed, or None when ``reason`` is no TLS error (a plain close)."""
-    if reason is None or not isinstance(reason, Failure) or not reason.check(SSL.Error):
+    if reason is None or not isinstance(reason, Failure) or "OpenSSL" not in sys.modules:
+        return None  # without pyOpenSSL loaded no connection of this process spoke TLS
+    if not reason.check(OpenSSL.SSL.Error):
         return None
     text = _openssl_reasons(reason.value)
     verify_error = getattr(transport, VERIFY_ERROR_ATTRIBUTE, None)

@@ -90,7 +90,9 @@ class Component:
 
     @property
     def cls(self) -> type:
-        return registry.KINDS[self.kind][self.type]
+        cls = registry.get(self.kind, self.type)
+        assert cls is not None, self.type  # validation accepted only known type names
+        return cls
 
     @property
     def path(self) -> str:
@@ -199,7 +201,7 @@ def load_string(text: str, origin: str = "") -> Config:
 
 
 def validate(raw: dict[str, Any]) -> Config:
-    registry.load_builtin()
+    registry.load_config_modules()  # component modules: only those of the types named
     errors: list[str] = []
     top_level = ("router", "spool", *COMPONENT_KINDS, *sections.SECTIONS)
     for key in raw:
@@ -338,7 +340,7 @@ def _read_components(kind: str, tables: Any, errors: list[str]) -> dict[str, Com
     if not isinstance(tables, dict):
         errors.append(f"{kind}: must be a table of named components, got {_describe(tables)}")
         return {}
-    known = registry.KINDS[kind]
+    known = registry.names(kind)
     components: dict[str, Component] = {}
     for name, table in tables.items():
         path = f"{kind}.{name}"
@@ -352,7 +354,7 @@ def _read_components(kind: str, tables: Any, errors: list[str]) -> dict[str, Com
         if type_name not in known:
             errors.append(f"{path}.type: unknown {kind[:-1]} type {type_name!r} (known: {', '.join(sorted(known))})")
             continue
-        cls = known[type_name]
+        cls = registry.get(kind, type_name)
         body = {k: v for k, v in table.items() if k not in ("type", "inputs")}
         inputs = _read_inputs(kind, path, table, errors)
         if kind == "sources" and "inputs" in table:

@@ -11,7 +11,7 @@ whose ``sinks`` must name parquet sinks). A package with rules across tables reg
 problems as ``path: message`` lines.
 
 The registering modules are listed in ``registry.CONFIG_MODULES``;
-``registry.load_builtin()``, which validation runs first, imports them.
+``registry.load_config_modules()``, which validation runs first, imports them.
 """
 
 from __future__ import annotations

@@ -313,7 +313,7 @@ def connect(owner: ClientOwner, settings: ClientSettings, server: Server, epoch:
     client = ForwardClient(owner, settings, server, epoch)
     factory = ClientFactory(client)
     if settings.tls:
-        client.connector = owner.reactor.connectSSL(server.host, server.port, factory, server.tls_options, timeout=timeout)
+        client.connector = tls.connect(owner.reactor, server.host, server.port, factory, server.tls_options, timeout)
     else:
         client.connector = owner.reactor.connectTCP(server.host, server.port, factory, timeout=timeout)
     client.start_timeout(timeout)

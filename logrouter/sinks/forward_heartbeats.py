@@ -19,6 +19,7 @@ from twisted.internet.interfaces import IHandshakeListener
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from logrouter import tls
 from logrouter.sinks.forward_servers import Server
 from logrouter.wire import fluent_client as wire
 
@@ -145,8 +146,8 @@ class HeartbeatProber:
             if self.kind == "tcp":
                 probe = server.probe = TcpHeartbeatProbe(self.owner, server, self.use_tls)
                 if self.use_tls:
-                    probe.connector = self.reactor.connectSSL(
-                        server.host, server.port, probe, server.tls_options, timeout=self.interval
+                    probe.connector = tls.connect(
+                        self.reactor, server.host, server.port, probe, server.tls_options, self.interval
                     )
                 else:
                     probe.connector = self.reactor.connectTCP(server.host, server.port, probe, timeout=self.interval)

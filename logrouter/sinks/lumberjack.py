@@ -404,7 +404,7 @@ class LumberjackSink(ForwardingSink):
             creator = self._tls_options.get(host)
             if creator is None:
                 creator = self._tls_options[host] = tls.client_tls_options(host, self.options)
-            endpoint = endpoints.wrapClientTLS(creator, endpoint)
+            endpoint = tls.ClientEndpoint(creator, endpoint)
         return endpoint
 
     def _connect(self) -> None:

@@ -114,12 +114,10 @@ class TlsListener:
     def passed_factory(self) -> protocol.Factory:
         """The factory for connections accepted by the supervisor: TLS is done here, in
         the worker, as the ``ssl:`` listener would have."""
-        from twisted.protocols.tls import TLSMemoryBIOFactory
-
         mode = self.client_authentication(self.options)[0]
         context = tls.server_context(self.options["listen"], mode, self.options.get("ca_file") or None)
         factory = self.factory()
-        return factory if context is None else TLSMemoryBIOFactory(context, False, factory)
+        return factory if context is None else tls.wrap_factory(factory, context)
 
 
 @implementer(IHandshakeListener)

@@ -7,10 +7,10 @@ own form. A record of version 3 holds what a source received, ``[name, *fields]`
 ``Batch.packed`` the source made), so storing it costs a copy of those bytes instead of
 encoding every event. The source whose batches carry a format registers it here when its
 module is imported: the format's name, the names of its fields, and ``decode(*fields)``,
-which must give exactly the events the source routed live. ``registry.load_builtin()``
-imports every built-in source, and config validation runs it, so every built-in format
-is known before a router reads a spool; a reader that meets a name nobody registered
-(a tool that validated no config) runs it once itself before it gives up on the record.
+which must give exactly the events the source routed live. A process imports only the
+sources its config names, so a reader that meets a name not registered yet (a record
+of a source no longer in the config, or a tool that validated no config) imports the
+module ``registry.STORED_FORMATS`` gives for it before it gives up on the record.
 
 **A name is a version.** A spool written before an upgrade is replayed after it, so a
 decoder must give the same events for the same fields for as long as such spools may
@@ -35,7 +35,6 @@ class StoredFormat:
 
 
 _FORMATS: dict[str, StoredFormat] = {}
-_loaded_builtin = False
 
 
 def register(name: str, fields: tuple[str, ...], decode: Callable[..., list[Event]]) -> StoredFormat:
@@ -54,13 +53,11 @@ def registered() -> dict[str, StoredFormat]:
 
 
 def _lookup(name: Any) -> StoredFormat | None:
-    global _loaded_builtin
     stored = _FORMATS.get(name)
-    if stored is None and not _loaded_builtin:
+    if stored is None and isinstance(name, str):
         from logrouter import registry
 
-        _loaded_builtin = True
-        registry.load_builtin()
+        registry.load_stored_format(name)  # a format of a source this process does not run
         stored = _FORMATS.get(name)
     return stored
 

@@ -39,10 +39,10 @@ import sys
 from typing import Any
 
 from twisted.application import service
-from twisted.internet import defer, endpoints, protocol
+from twisted.internet import defer, protocol
 from twisted.logger import Logger, LogLevel
 
-from logrouter import http_endpoint
+from logrouter import http_endpoint, tls
 from logrouter.config.endpoints import listen_address
 from logrouter.config.load import Config, read_text, warnings
 from logrouter.open_files import soft_limit
@@ -293,7 +293,7 @@ class SupervisorService(service.Service):
         listen = self.config.router["metrics_listen"]
         if listen:
             site = http_endpoint.site(SupervisorPages(self))
-            self.metrics_port = yield endpoints.serverFromString(self.reactor, listen).listen(site)
+            self.metrics_port = yield tls.listening_endpoint(self.reactor, listen).listen(site)
             address = self.metrics_port.getHost()
             self.log.info("metrics listening on {host} port {port}", host=address.host, port=address.port)
         install_sighup(self.reactor, self.reload)

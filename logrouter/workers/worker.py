@@ -28,7 +28,11 @@ import socket
 import sys
 from typing import Any
 
-from twisted.internet import defer
+from logrouter.twisted_without_openssl import import_twisted
+
+import_twisted()  # before anything imports the reactor or endpoints: no pyOpenSSL without TLS
+
+from twisted.internet import defer  # noqa: E402
 from twisted.logger import FileLogObserver, Logger, formatEvent, globalLogBeginner
 
 from logrouter.config.load import Config, ConfigError, load_string

@@ -23,6 +23,7 @@ import pytest
 from twisted.internet import defer, error, ssl
 from twisted.internet.address import IPv4Address
 from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.failure import Failure
 
 from fixtures.pki import make_pki
@@ -182,14 +183,19 @@ class Harness:
 
     def connections(self) -> list[tuple[str, int, Any]]:
         """(host, port, factory) of every forward connection attempt (not heartbeats), in order."""
-        attempts = [(h, p, f) for h, p, f, *_ in self.reactor.tcpClients]
-        attempts += [(h, p, f) for h, p, f, *_ in self.reactor.sslClients]
-        return [(h, p, f) for h, p, f in attempts if isinstance(f, ClientFactory)]
+        return [(h, p, f) for h, p, f, _ in self.attempts() if isinstance(f, ClientFactory)]
 
     def probes(self) -> list[tuple[str, int, Any]]:
-        attempts = [(h, p, f) for h, p, f, *_ in self.reactor.tcpClients]
-        attempts += [(h, p, f) for h, p, f, *_ in self.reactor.sslClients]
-        return [(h, p, f) for h, p, f in attempts if isinstance(f, TcpHeartbeatProbe)]
+        return [(h, p, f) for h, p, f, _ in self.attempts() if isinstance(f, TcpHeartbeatProbe)]
+
+    def attempts(self) -> list[tuple[str, int, Any, bool]]:
+        """``(host, port, factory, tls)`` of every connection attempt: a TLS one is TLS over
+        ``connectTCP`` (``logrouter.tls.connect``), its factory the one inside."""
+        found = []
+        for host, port, factory, *_ in self.reactor.tcpClients:
+            wrapped = isinstance(factory, TLSMemoryBIOFactory)
+            found.append((host, port, factory.wrappedFactory if wrapped else factory, wrapped))
+        return found
 
     def accept(self, index: int = -1, security: Security | None = None) -> FakeServer:
         """Complete connection attempt ``index``: a FakeServer for its server end."""
@@ -566,7 +572,7 @@ def test_tls_waits_for_the_tls_handshake(tmp_path):
     pki = make_pki(tmp_path / "pki")
     h = Harness(tmp_path, tls=True, ca_file=str(pki.ca), client_cert=str(pki.client_cert), client_key=str(pki.client_key))
     h.feed("t", h.events(1))
-    assert not h.reactor.tcpClients and len(h.reactor.sslClients) == 1
+    assert [tls for *_, tls in h.attempts()] == [True]
     server = h.accept()
     assert server.read() == []  # nothing is written before the TLS handshake completed
     server.tls_done()

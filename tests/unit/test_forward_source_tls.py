@@ -138,13 +138,18 @@ def test_server_endpoint_parses_the_ssl_string(pki):
     chain = str(pki.ca)  # any PEM of certificates will do as a chain file here
     description = pki.ssl_endpoint(4433, "127.0.0.1") + f":backlog=7:extraCertChain={chain}"
     endpoint = tls.server_endpoint(reactor, description, "required", str(pki.ca))
-    assert isinstance(endpoint, endpoints.SSL4ServerEndpoint)
+    assert isinstance(endpoint, tls.ServerEndpoint)
     endpoint.listen(protocol.Factory.forProtocol(Recorder))
-    port, _, context_factory, backlog, interface = reactor.sslServers[0]
+    # TLS over listenTCP, as the reactor's listenSSL does it (which needs pyOpenSSL loaded
+    # before the reactor: logrouter.twisted_without_openssl)
+    port, factory, backlog, interface = reactor.tcpServers[0]
     assert (port, backlog, interface) == (4433, 7, "127.0.0.1")
-    assert isinstance(context_factory, tls.ClientCertificateOptions)
-    # "none" is exactly what serverFromString builds
-    assert not isinstance(tls.server_endpoint(reactor, description, "none"), tls.ClientCertificateOptions)
+    assert isinstance(factory, TLSMemoryBIOFactory) and factory.wrappedFactory.protocol is Recorder
+    assert isinstance(endpoint.context, tls.ClientCertificateOptions)
+    # "none": the key, certificate, backlog and interface of the ssl: string, as serverFromString reads them
+    plain = tls.server_endpoint(reactor, description, "none")
+    assert isinstance(plain, tls.ServerEndpoint) and (plain.port, plain.backlog, plain.interface) == (4433, 7, "127.0.0.1")
+    assert not isinstance(plain.context, tls.ClientCertificateOptions)
     with pytest.raises(ValueError, match="need an ssl: endpoint"):
         tls.server_endpoint(reactor, "tcp:0", "required", str(pki.ca))
     with pytest.raises(ValueError, match="unknown ssl endpoint option"):
@@ -177,7 +182,9 @@ def test_every_stream_source_listens_with_the_shared_client_certificate_options(
     options.update(listen=pki.ssl_endpoint(4433, "127.0.0.1"), ca_file=str(pki.ca), **settings)
     assert cls.check_options(options) == []
     reactor = MemoryReactor()
-    cls("s", options, fake_context(None, reactor)).endpoint().listen(protocol.Factory.forProtocol(Recorder))
-    context_factory = reactor.sslServers[0][2]
+    endpoint = cls("s", options, fake_context(None, reactor)).endpoint()
+    endpoint.listen(protocol.Factory.forProtocol(Recorder))
+    assert isinstance(reactor.tcpServers[0][1], TLSMemoryBIOFactory)
+    context_factory = endpoint.context
     assert isinstance(context_factory, tls.ClientCertificateOptions)
     assert context_factory.options.requireCertificate is required
