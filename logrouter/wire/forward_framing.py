@@ -148,12 +148,15 @@ class MsgpackFramer:
                     messages.append((message, end - start))
         rest = None
         if need < 0:
-            rest = bytes(buf[used:]) if buf is held else memoryview(buf)[used:]
+            rest = bytes(memoryview(buf)[used:]) if buf is held else memoryview(buf)[used:]
             self._held = bytearray()
             self._start_python(self._stream + used)
         else:
             if buf is held:
-                del held[:used]
+                if used == len(held):
+                    self._held = bytearray()  # an idle connection keeps no big buffer
+                else:
+                    del held[:used]
             else:
                 held += memoryview(buf)[used:]
             self._stream += used

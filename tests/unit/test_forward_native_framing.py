@@ -156,3 +156,23 @@ def test_packed_then_message_mode_then_packed_again() -> None:
     framer = MsgpackFramer(1 << 16)
     assert [obj for obj, _ in framer.frames(stream)][:1] == [["t", b"abc", {"size": 1}]]
     assert framer.pending_bytes == 0
+
+
+def test_native_framing_takes_the_packed_messages_and_hands_back() -> None:
+    taken = []
+
+    def counting(buf: Any, limit: int) -> Any:
+        found, used, need = NATIVE_FRAMES(buf, limit)
+        taken.extend(found)
+        return found, used, need
+
+    packed = b"\x93\xa1t\xdb\x00\x00\x00\x03abc\x82\xa5chunk\xa2c1\xa4size\x01"
+    stream = packed * 2 + msgpack.packb(["t", 1, {"a": 1}]) + packed
+    framer = MsgpackFramer(1 << 16, counting)
+    first = [obj for obj, _ in framer.frames(stream[:-5])]
+    assert first == [["t", b"abc", {"chunk": "c1", "size": 1}]] * 2 + [["t", 1, {"a": 1}]]
+    assert len(taken) == 2  # the Message-mode one went to the Python framer...
+    assert [obj for obj, _ in framer.frames(stream[-5:])] == [first[0]]
+    assert len(taken) == 2  # ...which kept the stream: it stood inside a message at the end of the read
+    assert [obj for obj, _ in framer.frames(packed)] == [first[0]]
+    assert len(taken) == 3  # back to native between messages
