@@ -21,6 +21,15 @@ PackedForward message (framing, then the events: decoded in Python, or checked a
 kept packed by the extension, ``forward_lazy.kept_or_decoded``). The same messages
 decode to the same events both ways (tests/integration/test_native_lake.py, the fuzz tests).
 
+With ``--stage framing`` it times the framing of those messages alone, as out_forward
+writes them (``[tag, str32 blob, {"chunk": ..., "size": ...}]``) and as the source
+receives them, in 64 KiB reads: ``MsgpackFramer.frames`` with the Python framer
+(``python``: an unpacker, and a scanner turning each blob's str header into bin) and
+with native framing (``native``: ``logrouter_native.forward_frames``, each blob sliced
+out of the reads once). ``--stage reads`` times ``ForwardDecoder.feed`` of the same
+reads, events kept packed by the extension either way, the framing Python or native:
+the arrival side of the reactor as the daemon runs it.
+
 Both give the same table (tests/unit/test_native_table.py). The two paths run in the same
 process, alternating, ``--repeats`` times each; each run is timed in CPU seconds of
 the process (``time.process_time``) and printed per million events, and the ratio of
@@ -34,6 +43,8 @@ sender would forward them.
     .venv/bin/python bench/native_decode.py --shape filebeat --repeats 7
     .venv/bin/python bench/native_decode.py --stage arrival --shape flat
     .venv/bin/python bench/native_decode.py --stage offload --shape flat --blobs 40
+    .venv/bin/python bench/native_decode.py --stage framing --shape flat
+    .venv/bin/python bench/native_decode.py --stage reads --shape flat
 """
 
 from __future__ import annotations
@@ -56,7 +67,9 @@ from logrouter.lake.native_table import PendingRows, build_table, file_schema_of
 from logrouter.lake.schema import ColumnTypes, file_schema  # noqa: E402
 from logrouter.native import NATIVE, describe  # noqa: E402
 from logrouter.wire import forward_lazy  # noqa: E402
+from logrouter.wire import fluent_forward  # noqa: E402
 from logrouter.wire.fluent_forward import ForwardDecoder, decode_entries  # noqa: E402
+from logrouter.wire.forward_framing import NATIVE_FRAMES, MsgpackFramer  # noqa: E402
 from logrouter.wire.forward_lazy import PackedEvents, lazy_events  # noqa: E402
 from logrouter.wire.forward_messages import DEFAULT_PART_BYTES  # noqa: E402
 from logrouter.wire.forward_offload import blob_parts  # noqa: E402
@@ -150,6 +163,42 @@ def offload(messages: list[bytes], native: bool) -> int:
     return count
 
 
+READ_BYTES = 64 * 1024
+
+
+def reads_of(messages: list[bytes]) -> list[bytes]:
+    stream = b"".join(messages)
+    return [stream[at : at + READ_BYTES] for at in range(0, len(stream), READ_BYTES)]
+
+
+def framing(reads: list[bytes], native: bool, events: int) -> int:
+    """The framer alone: each read's messages."""
+    framer = MsgpackFramer(64 << 20, NATIVE_FRAMES if native else None)
+    count = 0
+    for data in reads:
+        for message, _ in framer.frames(data):
+            assert type(message[1]) is bytes
+            count += events
+    return count
+
+
+def decoded_reads(reads: list[bytes], native: bool) -> int:
+    """``ForwardDecoder.feed`` of each read, events kept packed, the framing Python or native."""
+    forward_lazy.NATIVE = NATIVE
+    frames = NATIVE_FRAMES if native else None
+    fluent_forward.MsgpackFramer = lambda limit: MsgpackFramer(limit, frames)  # type: ignore[misc]
+    try:
+        decoder = ForwardDecoder()
+        count = 0
+        for data in reads:
+            for message in decoder.feed(data):
+                assert type(message.events) is PackedEvents
+                count += len(message.events)
+    finally:
+        fluent_forward.MsgpackFramer = MsgpackFramer  # type: ignore[misc]
+    return count
+
+
 def timed(path, entries: list[bytes], rounds: int) -> float:
     """CPU seconds per million events of ``rounds`` runs of ``path``, freeing included."""
     gc.collect()
@@ -162,9 +211,10 @@ def timed(path, entries: list[bytes], rounds: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--stage", choices=("lake", "arrival", "offload"), default="lake",
+    parser.add_argument("--stage", choices=("lake", "arrival", "offload", "framing", "reads"), default="lake",
                         help="lake: entries into a row group; arrival: framed messages into events; "
-                        "offload: one gzip message of all the blobs into parts")
+                        "offload: one gzip message of all the blobs into parts; framing: 64 KiB reads into "
+                        "messages, Python vs native framing; reads: the reads into packed events, the same")
     parser.add_argument("--shape", choices=("flat", "filebeat"), default="flat")
     parser.add_argument("--blobs", type=int, default=10, help="PackedForward messages per row group")
     parser.add_argument("--events", type=int, default=1000, help="events per message")
@@ -182,6 +232,19 @@ def main() -> None:
         entries = [msgpack.packb(["app", blob, {"chunk": "c%d" % i}], use_bin_type=True) for i, blob in enumerate(entries)]
         python_path = lambda messages: arrival(messages, False)  # noqa: E731
         native_path = lambda messages: arrival(messages, True)  # noqa: E731
+    elif args.stage in ("framing", "reads"):
+        # out_forward's shape: the blob a str32, options chunk and size
+        reads = reads_of([
+            b"\x93\xa3app\xdb" + struct.pack(">I", len(blob)) + blob
+            + msgpack.packb({"chunk": "c%d" % i, "size": args.events}) for i, blob in enumerate(entries)
+        ])
+        entries = reads
+        if args.stage == "framing":
+            python_path = lambda reads: framing(reads, False, args.events)  # noqa: E731
+            native_path = lambda reads: framing(reads, True, args.events)  # noqa: E731
+        else:
+            python_path = lambda reads: decoded_reads(reads, False)  # noqa: E731
+            native_path = lambda reads: decoded_reads(reads, True)  # noqa: E731
     elif args.stage == "offload":
         entries = [gzip.compress(b"".join(entries), 1)]
         python_path = lambda messages: offload(messages, False)  # noqa: E731

@@ -36,7 +36,16 @@ from twisted.logger import Logger
 
 from logrouter.atomic_file import fsync_directory
 from logrouter.serial import SerialWorker
-from logrouter.spool.segment import Damage, Record, frame, parse_segment_name, read_frames, segment_name, walk
+from logrouter.spool.segment import (
+    HEADER_SIZE,
+    Damage,
+    Record,
+    frame_head,
+    parse_segment_name,
+    read_frames,
+    segment_name,
+    walk,
+)
 from logrouter.wire.errors import detached
 
 QUARANTINE_DIR = "quarantine"
@@ -49,9 +58,13 @@ def list_segments(path: str) -> list[int]:
 
 @dataclass(slots=True, eq=False)
 class _Append:
-    """One queued record; the worker fills in where it landed, or why it did not."""
+    """One queued record; the worker fills in where it landed, or why it did not.
 
-    data: bytes
+    The payload is framed (its CRC, a copy behind the header) by the worker, off the
+    reactor: a forward batch's payload is its whole blob.
+    """
+
+    payload: bytes
     sync: bool
     position: int = -1
     end: int = -1
@@ -137,14 +150,14 @@ class SpoolLog:
         It fails with ``SpoolWriteError`` when the disk refused the record; nothing of
         it is then in the spool.
         """
-        item = _Append(frame(payload), (durability or self.durability) == "fsync")
-        self.queued_bytes += len(item.data)
+        item = _Append(payload, (durability or self.durability) == "fsync")
+        self.queued_bytes += HEADER_SIZE + len(payload)
         d = self._worker.submit(item)
         d.addCallback(self._written, item)
         return d
 
     def _written(self, opened: list[int], item: _Append) -> tuple[int, int]:
-        self.queued_bytes -= len(item.data)
+        self.queued_bytes -= HEADER_SIZE + len(item.payload)
         for base in opened:
             if not self._bases or base > self._bases[-1]:
                 self._bases.append(base)
@@ -304,9 +317,10 @@ class SpoolLog:
                     confirmed = i
                     self._roll(self._file_end)
                 item.position = self._file_end
-                self._file_end += len(item.data)
+                self._file_end += HEADER_SIZE + len(item.payload)
                 item.end = self._file_end
-                chunk.append(item.data)
+                chunk.append(frame_head(item.payload))
+                chunk.append(item.payload)
             self._write_all(b"".join(chunk))
             if needs_sync:
                 self._sync()

@@ -32,9 +32,14 @@ def parse_segment_name(name: str) -> int | None:
     return None
 
 
-def frame(payload: bytes) -> bytes:
+def frame_head(payload: bytes) -> bytes:
+    """The ``HEADER_SIZE`` bytes that go before ``payload`` in a segment."""
     head = struct.pack(">4sII", MAGIC, len(payload), zlib.crc32(payload))
-    return head + struct.pack(">I", zlib.crc32(head)) + payload
+    return head + struct.pack(">I", zlib.crc32(head))
+
+
+def frame(payload: bytes) -> bytes:
+    return frame_head(payload) + payload
 
 
 @dataclass(frozen=True)

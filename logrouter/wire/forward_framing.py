@@ -1,9 +1,14 @@
 """Framing a forward connection's byte stream into messages (pure, no Twisted).
 
 - ``MsgpackFramer``: top-level msgpack objects, each at most ``max_message_bytes``,
-  refused as oversize at the same byte however the stream is split. A scanner running
-  ahead turns the str header of each PackedForward blob into bin, so the unpacker copies
-  the entries' bytes instead of decoding them as text.
+  refused as oversize at the same byte however the stream is split. With the native
+  extension, PackedForward messages of the usual shape are framed by it
+  (``logrouter_native.forward_frames``): each blob is sliced out of the received bytes
+  once. From any other message on (Message and Forward modes, heartbeats, garbage,
+  anything too big) the Python framer takes the stream, until it stands between
+  messages at the end of a read. In Python, a scanner running ahead turns the str
+  header of each PackedForward blob into bin, so the unpacker copies the entries' bytes
+  instead of decoding them as text. Both give the same messages and errors.
 - ``JsonFramer``: the text of each top-level JSON array or object (in_forward's JSON
   mode), found by bracket depth outside strings; ``parse_json`` parses one, keeping
   integers msgpack cannot hold as their digits and replacing lone surrogates.
@@ -14,11 +19,12 @@ from __future__ import annotations
 import codecs
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import Any
 
 import msgpack
 
+from logrouter.native import NATIVE
 from logrouter.wire.forward_entries import MSGPACK_ERRORS, ForwardDecodeError, byte_in, msgpack_problem, new_unpacker
 
 
@@ -33,6 +39,8 @@ def _oversize(limit: int, detail: str = "") -> ForwardDecodeError:
 _STR_AS_BIN = {0xD9: 0xC4, 0xDA: 0xC5, 0xDB: 0xC6}
 _SHORT_TAG = range(0xA0, 0xC0)  # fixstr
 _SCAN_BYTES = 1 << 20  # the longest message in progress the scanner keeps a copy of
+# An older build of the extension may not have it: the Python framer then runs alone.
+NATIVE_FRAMES = getattr(NATIVE, "forward_frames", None)
 
 
 def _blob_header_at(data: Any, index: int) -> int | None:
@@ -57,30 +65,106 @@ def _blob_header_at(data: Any, index: int) -> int | None:
     return at if at < end and data[at] in _STR_AS_BIN else None
 
 
+def _options(data: Any) -> Any:
+    # Scalars under str keys (forward_frames checked): unpackb cannot fail on them, and
+    # builds what the unpacker would.
+    if data[0] == 0xC0:
+        return None
+    return msgpack.unpackb(data, raw=False, unicode_errors="surrogateescape", strict_map_key=False)
+
+
 class MsgpackFramer:
     """Splits a msgpack byte stream into top-level objects, each at most ``limit`` bytes."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, native_frames: Callable[..., Any] | None = NATIVE_FRAMES) -> None:
         self._limit = limit
+        self._native_frames = native_frames
+        # Native framing: the bytes of the message in progress, the length they must
+        # reach before it can be framed, and the stream offset of their first byte.
+        self._held = bytearray()
+        self._need = 0
+        self._stream = 0
+        self._python = False  # whether the Python framer holds the stream
+        if native_frames is None:
+            self._start_python(0)
+
+    def _start_python(self, at: int) -> None:
+        """The Python framer takes the stream from offset ``at``, where a message starts."""
+        limit = self._limit
+        self._python = True
         self._unpacker = new_unpacker(limit)
-        self._fed = 0  # stream offset of the end of everything fed so far
-        self._message_start = 0  # stream offset where the current message began
+        self._tell_base = at  # the stream offset of the unpacker's first byte
+        self._fed = at  # stream offset of the end of everything fed so far
+        self._message_start = at  # stream offset where the current message began
         # Runs ahead over the same bytes without building anything (skip), to find where
         # messages start before they are fed; None once it met input it cannot skip (the
         # unpacker then reports the fault).
         # It holds a copy of a message in progress, so it stands down for a message longer
         # than _SCAN_BYTES (restarted after it: _rescan), and memory stays about one copy.
         self._scanner: msgpack.Unpacker | None = msgpack.Unpacker(max_buffer_size=limit)
-        self._scan_base = 0  # stream offset of the scanner's first byte
-        self._next_start = 0  # stream offset where the first message not yet skipped starts
+        self._scan_base = at  # stream offset of the scanner's first byte
+        self._next_start = at  # stream offset where the first message not yet skipped starts
         self._rescan = False
 
     @property
     def pending_bytes(self) -> int:
-        return self._fed - self._message_start
+        return self._fed - self._message_start if self._python else len(self._held)
 
     def frames(self, data: bytes) -> Iterator[tuple[Any, int]]:
         """Yield ``(object, wire_size)`` for each message completed by ``data``."""
+        if not self._python:
+            rest = yield from self._native(data)
+            if rest is None:
+                return
+            data = rest
+        yield from self._python_frames(data)
+        if self._native_frames is not None and self._fed == self._message_start:
+            # Between messages: native framing takes the stream back.
+            self._python = False
+            self._stream = self._fed
+            self._need = 0
+            self._unpacker = self._scanner = None  # type: ignore[assignment]
+
+    def _native(self, data: bytes) -> Generator[tuple[Any, int], None, Any]:
+        """Frame what native framing takes; the bytes the Python framer takes, or None."""
+        held = self._held
+        if held:
+            held += data
+            if len(held) < self._need:
+                return None
+            buf: Any = held
+        else:
+            buf = data
+        assert self._native_frames is not None
+        found, used, need = self._native_frames(buf, self._limit)
+        messages = []
+        if found:
+            with memoryview(buf) as view:
+                for start, end, tag_start, tag_end, blob_start, blob_end, options in found:
+                    tag = str(view[tag_start:tag_end], "utf-8", "surrogateescape")
+                    message = [tag, bytes(view[blob_start:blob_end])]
+                    if options is not None:
+                        message.append(_options(view[options[0] : options[1]]))
+                    messages.append((message, end - start))
+        rest = None
+        if need < 0:
+            rest = bytes(memoryview(buf)[used:]) if buf is held else memoryview(buf)[used:]
+            self._held = bytearray()
+            self._start_python(self._stream + used)
+        else:
+            if buf is held:
+                if used == len(held):
+                    self._held = bytearray()  # an idle connection keeps no big buffer
+                else:
+                    del held[:used]
+            else:
+                held += memoryview(buf)[used:]
+            self._stream += used
+            self._need = need - used
+        yield from messages
+        return rest
+
+    def _python_frames(self, data: Any) -> Iterator[tuple[Any, int]]:
         unpacker = self._unpacker
         while data:
             # Never hand the unpacker more than the rest of the current message's
@@ -166,9 +250,9 @@ class MsgpackFramer:
                     raise _oversize(self._limit, f": {exc}") from exc
                 # The parser stops at a bad byte as soon as it arrives, so it is in this piece.
                 byte_at = byte_in(piece, self._fed - len(piece))
-                problem = msgpack_problem(exc, unpacker.tell(), byte_at)
+                problem = msgpack_problem(exc, self._tell_base + unpacker.tell(), byte_at)
                 raise ForwardDecodeError(f"invalid msgpack: {problem}") from exc
-            end = unpacker.tell()
+            end = self._tell_base + unpacker.tell()
             size = end - self._message_start
             self._message_start = end
             if self._rescan:

@@ -14,6 +14,7 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 pub mod columns;
 pub mod edits;
+pub mod forward_frame;
 pub mod frame;
 pub mod json;
 pub mod jsondoc;
@@ -62,6 +63,34 @@ fn frame_entries(py: Python<'_>, blob: &Bound<'_, PyBytes>) -> PyResult<Option<(
     let found = guarded(py, || frame::frame(data))?;
     Ok(found.map(|f| (f.end, f.tell)))
 }
+
+/// `forward_frames(data, limit)`: the whole PackedForward messages at the start of
+/// `data` (bytes or bytearray), as `(start, end, tag_start, tag_end, blob_start,
+/// blob_end, options)` with options None or `(start, end)`; the offset where they end;
+/// and what then: the length `data` must reach before anything more can be framed, or
+/// -1 where the Python framer takes the stream (`forward_frame`).
+#[pyfunction]
+fn forward_frames(data: &Bound<'_, PyAny>, limit: usize) -> PyResult<(Vec<FramedMessage>, usize, i64)> {
+    let view = pyo3::buffer::PyBuffer::<u8>::get(data)?;
+    if !view.is_c_contiguous() {
+        return Err(PyValueError::new_err("forward_frames wants contiguous bytes"));
+    }
+    // The exporter cannot resize or free the bytes while `view` holds them, and the GIL
+    // is held throughout.
+    let buf = unsafe { std::slice::from_raw_parts(view.buf_ptr() as *const u8, view.len_bytes()) };
+    let (found, used, stop) = forward_frame::packed_messages(buf, limit);
+    let messages = found
+        .iter()
+        .map(|m| (m.start, m.end, m.tag.0, m.tag.1, m.blob.0, m.blob.1, m.options))
+        .collect();
+    let next = match stop {
+        forward_frame::Stop::Wait(need) => need as i64,
+        forward_frame::Stop::Python => -1,
+    };
+    Ok((messages, used, next))
+}
+
+type FramedMessage = (usize, usize, usize, usize, usize, usize, Option<(usize, usize)>);
 
 fn column_tuple<'py>(py: Python<'py>, column: &columns::Column) -> PyResult<Bound<'py, PyTuple>> {
     let validity = if column.nulls > 0 { Some(PyBytes::new(py, &column.validity)) } else { None };
@@ -383,6 +412,7 @@ fn scan_documents<'py>(
 fn logrouter_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(scan, m)?)?;
     m.add_function(wrap_pyfunction!(frame_entries, m)?)?;
+    m.add_function(wrap_pyfunction!(forward_frames, m)?)?;
     m.add_function(wrap_pyfunction!(build, m)?)?;
     m.add_function(wrap_pyfunction!(texts, m)?)?;
     m.add_function(wrap_pyfunction!(values, m)?)?;

@@ -291,7 +291,7 @@ def test_a_write_failing_after_a_segment_roll_keeps_the_records_before_it(reacto
     # One run (called as the worker thread would): records 0-1 fill the first segment,
     # which is written and fsync'd before the roll; the write after the roll fails.
     spool._write_all = fail_second_write
-    items = [_Append(frame(bytes([i]) * 84), True) for i in range(4)]
+    items = [_Append(bytes([i]) * 84, True) for i in range(4)]
     assert spool._write(items) == [200]
     assert [(item.position, item.error is None) for item in items] == [(0, True), (100, True), (-1, False), (-1, False)]
     assert (tmp_path / f"{200:020d}.seg").stat().st_size == 0  # the partial write was cut back
