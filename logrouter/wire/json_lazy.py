@@ -44,9 +44,15 @@ class DocumentEvents(PackedEvents):
 
     __slots__ = ("reference",)
 
-    def __init__(self, entries: bytes, buckets: tuple[tuple[int, int], ...], reference: Callable[[], list[Event]]) -> None:
+    def __init__(
+        self,
+        entries: bytes,
+        buckets: tuple[tuple[int, int], ...],
+        reference: Callable[[], list[Event]],
+        texts: tuple[bytes, bytes] | None = None,
+    ) -> None:
         # The entries are the extension's own transcode of documents it checked.
-        super().__init__(entries, None, buckets, checked=True)
+        super().__init__(entries, None, buckets, checked=True, texts=texts)
         self.reference = reference
 
     def events(self) -> list[Event]:
@@ -61,11 +67,13 @@ class DocumentEvents(PackedEvents):
 
 def scan_documents(
     documents: list[bytes], now: int, drop_metadata: bool, paths: list[Path]
-) -> tuple[bytes, tuple[tuple[int, int], ...], list[list[Any]]] | None:
-    """``(entries, buckets, values)`` of ``documents`` read at ``now`` (ns): the records as
-    an entries blob (``@metadata`` left out with ``drop_metadata``), the hour buckets with
-    their event counts, and per path each event's value there (None for missing or null,
-    ``CONTAINER`` for an object or array). None: decode them in Python."""
+) -> tuple[bytes, tuple[tuple[int, int], ...], list[list[Any]], tuple[bytes, bytes]] | None:
+    """``(entries, buckets, values, texts)`` of ``documents`` read at ``now`` (ns): the
+    records as an entries blob (``@metadata`` left out with ``drop_metadata``), the hour
+    buckets with their event counts, per path each event's value there (None for missing
+    or null, ``CONTAINER`` for an object or array), and the JSON text of the records'
+    top-level objects and arrays with where they lie in the blob (``DocumentEvents``'
+    ``texts``). None: decode them in Python."""
     if NATIVE is None or not documents:
         return None
     try:
@@ -74,5 +82,5 @@ def scan_documents(
         return None
     if found is None:
         return None
-    entries, buckets, values = found
-    return entries, tuple(buckets), values
+    entries, buckets, values, texts = found
+    return entries, tuple(buckets), values, texts

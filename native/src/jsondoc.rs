@@ -38,9 +38,24 @@ pub struct Path {
 
 pub struct Scanned<'a> {
     pub blob: Vec<u8>,
+    /// The JSON text of every top-level object or array value of the records, copied
+    /// from the documents, and `index`: per such value, where its msgpack starts in
+    /// `blob`, where its text starts and ends in `texts` (ascending by the first).
+    pub texts: Vec<u8>,
+    pub index: Vec<Spliced>,
     pub buckets: Vec<(i64, usize)>,
     /// Per path, per event.
     pub values: Vec<Vec<Val<'a>>>,
+}
+
+/// A top-level container of a record: its msgpack's offset in the entries blob and its
+/// JSON text's span in `Scanned::texts` (`columns::Texts` reads these as u32 triples).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Spliced {
+    pub at: u32,
+    pub start: u32,
+    pub end: u32,
 }
 
 const TIMESTAMP: &[u8] = b"@timestamp";
@@ -180,13 +195,14 @@ fn lookup<'a>(doc: &'a [u8], top: &Top<'a>, path: &Path) -> R<Val<'a>> {
 
 /// One document: its record as msgpack into `blob` (after the entry's head, which the
 /// caller writes once the time is known), its time, and the paths' values.
-fn document<'a>(doc: &'a [u8], now: i64, drop_metadata: bool, paths: &[Path], blob: &mut Vec<u8>, values: &mut [Vec<Val<'a>>]) -> R<i64> {
+fn document<'a>(doc: &'a [u8], now: i64, drop_metadata: bool, paths: &[Path], out: &mut Scanned<'a>) -> R<i64> {
+    let blob = &mut out.blob;
     let mut p = P { s: doc, i: 0 };
     p.skip_ws();
     p.expect(b'{')?;
     let head = blob.len();
     blob.extend_from_slice(&[0x92, 0xd7, 0x00, 0, 0, 0, 0, 0, 0, 0, 0]);
-    let mut top = Top { drop_metadata, members: Vec::new() };
+    let mut top = Top { drop_metadata, members: Vec::new(), containers: Vec::new() };
     let mut scratch = Vec::new();
     p.object(&mut Some(blob), &mut scratch, 1, Some(&mut top))?;
     p.skip_ws();
@@ -212,8 +228,14 @@ fn document<'a>(doc: &'a [u8], now: i64, drop_metadata: bool, paths: &[Path], bl
     let nanos = (time % NANOS_PER_SECOND) as u32;
     blob[head + 3..head + 7].copy_from_slice(&seconds.to_be_bytes());
     blob[head + 7..head + 11].copy_from_slice(&nanos.to_be_bytes());
-    for (path, out) in paths.iter().zip(values.iter_mut()) {
-        out.push(lookup(doc, &top, path)?);
+    for &(at, start, end) in &top.containers {
+        let from = out.texts.len();
+        out.texts.extend_from_slice(&doc[start..end]);
+        let offset = |n: usize| u32::try_from(n).map_err(|_| Outside); // a read of 4 GiB: Python's
+        out.index.push(Spliced { at: offset(at)?, start: offset(from)?, end: offset(out.texts.len())? });
+    }
+    for (path, column) in paths.iter().zip(out.values.iter_mut()) {
+        column.push(lookup(doc, &top, path)?);
     }
     Ok(time)
 }
@@ -221,9 +243,15 @@ fn document<'a>(doc: &'a [u8], now: i64, drop_metadata: bool, paths: &[Path], bl
 /// Scan every document (see the module's docs), `now` being the arrival time.
 pub fn scan<'a>(documents: &[&'a [u8]], now: i64, drop_metadata: bool, paths: &[Path]) -> R<Scanned<'a>> {
     let total: usize = documents.iter().map(|d| d.len()).sum();
-    let mut out = Scanned { blob: Vec::with_capacity(total), buckets: Vec::new(), values: paths.iter().map(|_| Vec::with_capacity(documents.len())).collect() };
+    let mut out = Scanned {
+        blob: Vec::with_capacity(total),
+        texts: Vec::with_capacity(total),
+        index: Vec::new(),
+        buckets: Vec::new(),
+        values: paths.iter().map(|_| Vec::with_capacity(documents.len())).collect(),
+    };
     for doc in documents {
-        let time = document(doc, now, drop_metadata, paths, &mut out.blob, &mut out.values)?;
+        let time = document(doc, now, drop_metadata, paths, &mut out)?;
         let bucket = hour_bucket(time);
         if let Some((_, count)) = out.buckets.iter_mut().find(|(known, _)| *known == bucket) {
             *count += 1;

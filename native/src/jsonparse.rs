@@ -353,8 +353,12 @@ impl<'a> P<'a> {
                 }
                 self.skip_ws();
                 let start = self.i;
+                let at = member_out.as_ref().map(|o| o.len());
                 let v = self.value(&mut member_out, scratch, depth)?;
                 if let Some(t) = top.as_mut() {
+                    if let (Val::Container, Some(at)) = (&v, at) {
+                        t.containers.push((at, start, self.i));
+                    }
                     t.members.push((key.clone(), start, self.i, v));
                 }
                 keys.push(key);
@@ -380,6 +384,9 @@ impl<'a> P<'a> {
 pub struct Top<'a> {
     pub drop_metadata: bool,
     pub members: Vec<(std::borrow::Cow<'a, [u8]>, usize, usize, Val<'a>)>,
+    /// The members that are objects or arrays and were written to `out`: where their
+    /// msgpack starts in `out`, and their JSON text's span in the document.
+    pub containers: Vec<(usize, usize, usize)>,
 }
 
 fn write_str(o: &mut Vec<u8>, s: &[u8]) {

@@ -184,7 +184,11 @@ def check_read(docs: list[bytes], template: str, drop: bool, spec, now: int = NO
     transcoded = PackedEvents(batch.events.entries, None, batch.events.buckets)
     assert msgpack.packb(transcoded.events()) == msgpack.packb(events)
     assert msgpack.packb(list(batch.events)) == msgpack.packb(events)
+    assert batch.events.texts is not None
     assert_same_tables(*lake_tables(DocumentEvents(batch.events.entries, batch.events.buckets, lambda: events), events))
+    # The JSON text of top-level objects and arrays taken into _extra as it came.
+    spliced = DocumentEvents(batch.events.entries, batch.events.buckets, lambda: events, batch.events.texts)
+    assert_same_tables(*lake_tables(spliced, events))
     return True
 
 
