@@ -297,7 +297,9 @@ pub fn run<'a>(pieces: &[Piece<'a>], schema: &[(&'a [u8], u8)], build: bool) -> 
                         }
                         json::string(text, key);
                         text.push(b':');
-                        let same = std::ptr::eq(buf, piece.blob);
+                        // The piece's own blob (an edited row's spans hold a prefix of
+                        // it); an edit's values are bytes of their own.
+                        let same = buf.as_ptr() == piece.blob.as_ptr() && buf.len() <= piece.blob.len();
                         match piece.texts.filter(|_| same).and_then(|t| t.of(start)) {
                             Some(json) => text.extend_from_slice(json),
                             None => {
