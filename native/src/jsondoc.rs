@@ -147,7 +147,7 @@ fn lookup<'a>(doc: &'a [u8], top: &Top<'a>, path: &Path) -> R<Val<'a>> {
     let mut scratch = Vec::new();
     let last = path.keys.len() - 1;
     for (depth, key) in path.keys.iter().enumerate().skip(1) {
-        let mut p = P { s: doc, i: start };
+        let mut p = P::at(doc, start); // `doc` passed `P::new` in `document`
         if p.peek()? != b'{' {
             return Ok(Val::Missing);
         }
@@ -159,16 +159,16 @@ fn lookup<'a>(doc: &'a [u8], top: &Top<'a>, path: &Path) -> R<Val<'a>> {
             loop {
                 p.skip_ws();
                 p.expect(b'"')?;
-                let k: Vec<u8> = match p.string(&mut scratch)? {
-                    Some(raw) => raw.to_vec(),
-                    None => scratch.clone(),
+                let same = match p.string(&mut scratch)? {
+                    Some(raw) => raw == &key[..],
+                    None => scratch == *key,
                 };
                 p.skip_ws();
                 p.expect(b':')?;
                 p.skip_ws();
                 let at = p.i;
                 let v = p.value(&mut None, &mut scratch, 1)?;
-                if k == *key {
+                if same {
                     found = Some((at, v));
                     break;
                 }
@@ -197,7 +197,7 @@ fn lookup<'a>(doc: &'a [u8], top: &Top<'a>, path: &Path) -> R<Val<'a>> {
 /// caller writes once the time is known), its time, and the paths' values.
 fn document<'a>(doc: &'a [u8], now: i64, drop_metadata: bool, paths: &[Path], out: &mut Scanned<'a>) -> R<i64> {
     let blob = &mut out.blob;
-    let mut p = P { s: doc, i: 0 };
+    let mut p = P::new(doc)?;
     p.skip_ws();
     p.expect(b'{')?;
     let head = blob.len();
@@ -268,7 +268,9 @@ pub fn scan<'a>(documents: &[&'a [u8]], now: i64, drop_metadata: bool, paths: &[
 pub fn check(documents: &[&[u8]]) -> bool {
     let mut scratch = Vec::new();
     documents.iter().all(|doc| {
-        let mut p = P { s: doc, i: 0 };
+        let Ok(mut p) = P::new(doc) else {
+            return false;
+        };
         p.skip_ws();
         if p.expect(b'{').is_err() || p.object(&mut None, &mut scratch, 1, None).is_err() {
             return false;
@@ -301,5 +303,19 @@ mod tests {
         assert!(!check(&[br#"{"a":1,"a":2}"#]));
         assert!(!check(&[br#"{"a":"\ud800"}"#]));
         assert!(!check(&[br#"[1]"#]));
+    }
+
+    #[test]
+    fn strings_eight_bytes_at_a_time() {
+        // A quote, backslash, control character or bad UTF-8 at every place of a chunk.
+        for n in 0..20 {
+            let pad = "x".repeat(n);
+            let good = format!(r#"{{"k{pad}":"{pad}\"{pad}","é{pad}":"{pad}ü"}}"#);
+            assert!(check(&[good.as_bytes()]), "{good}");
+            for bad in [0x01u8, 0x1f, 0xff, 0xc3] {
+                let raw = [&br#"{"k":""#[..], pad.as_bytes(), &[bad], pad.as_bytes(), br#""}"#].concat();
+                assert!(!check(&[&raw]), "{raw:?}");
+            }
+        }
     }
 }

@@ -27,9 +27,24 @@ pub enum Val<'a> {
     Container,
 }
 
+/// A reader over one document, which must be valid UTF-8 (`P::new` checks it): a
+/// string's bytes between two quotes are then valid UTF-8 too, with no check per string.
 pub struct P<'a> {
     pub s: &'a [u8],
     pub i: usize,
+    /// The keys of the objects being read, outermost first (one allocation per reader).
+    keys: Vec<std::borrow::Cow<'a, [u8]>>,
+}
+
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGH: u64 = 0x8080_8080_8080_8080;
+
+/// Whether any of the 8 bytes of `v` may be a quote, a backslash or a control character
+/// (a false alarm is allowed: the caller then looks byte by byte).
+#[inline]
+fn maybe_special(v: u64) -> bool {
+    let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
+    (zero(v ^ (ONES * b'"' as u64)) | zero(v ^ (ONES * b'\\' as u64)) | (v.wrapping_sub(ONES * 0x20) & !v & HIGH)) != 0
 }
 
 #[inline]
@@ -38,6 +53,17 @@ fn ws(b: u8) -> bool {
 }
 
 impl<'a> P<'a> {
+    /// A reader at the start of `doc`, if it is valid UTF-8 (std's check, fast on ASCII).
+    pub fn new(doc: &'a [u8]) -> R<Self> {
+        std::str::from_utf8(doc).map_err(|_| Outside)?;
+        Ok(P { s: doc, i: 0, keys: Vec::new() })
+    }
+
+    /// A reader at `i` of a document that passed `new`.
+    pub fn at(doc: &'a [u8], i: usize) -> Self {
+        P { s: doc, i, keys: Vec::new() }
+    }
+
     #[inline]
     pub fn skip_ws(&mut self) {
         while self.i < self.s.len() && ws(self.s[self.i]) {
@@ -76,15 +102,17 @@ impl<'a> P<'a> {
         let s = self.s;
         // The common case: no escape, ASCII or plain UTF-8.
         let mut j = start;
+        while let Some(chunk) = s.get(j..j + 8) {
+            if maybe_special(u64::from_le_bytes(chunk.try_into().map_err(|_| Outside)?)) {
+                break;
+            }
+            j += 8;
+        }
         while j < s.len() {
             let b = s[j];
             if b == b'"' {
-                let raw = &s[start..j];
-                if !raw.is_ascii() {
-                    std::str::from_utf8(raw).map_err(|_| Outside)?;
-                }
                 self.i = j + 1;
-                return Ok(Some(raw));
+                return Ok(Some(&s[start..j])); // valid UTF-8: see `P`
             }
             if b == b'\\' {
                 break;
@@ -98,11 +126,7 @@ impl<'a> P<'a> {
             return Err(Outside);
         }
         out.clear();
-        let prefix = &s[start..j];
-        if !prefix.is_ascii() {
-            std::str::from_utf8(prefix).map_err(|_| Outside)?;
-        }
-        out.extend_from_slice(prefix);
+        out.extend_from_slice(&s[start..j]);
         self.i = j;
         loop {
             let b = self.peek()?;
@@ -156,11 +180,7 @@ impl<'a> P<'a> {
                     while k < self.s.len() && !matches!(self.s[k], b'"' | b'\\' | 0x00..=0x1f) {
                         k += 1;
                     }
-                    let run = &self.s[from..k];
-                    if !run.is_ascii() {
-                        std::str::from_utf8(run).map_err(|_| Outside)?;
-                    }
-                    out.extend_from_slice(run);
+                    out.extend_from_slice(&self.s[from..k]);
                     self.i = k;
                 }
             }
@@ -312,7 +332,7 @@ impl<'a> P<'a> {
             o.len() - 4
         });
         let mut n: u32 = 0;
-        let mut keys: Vec<std::borrow::Cow<'a, [u8]>> = Vec::new();
+        let base = self.keys.len();
         let mut many: Option<std::collections::HashSet<std::borrow::Cow<'a, [u8]>>> = None;
         self.skip_ws();
         if self.peek()? == b'}' {
@@ -333,6 +353,7 @@ impl<'a> P<'a> {
                         }
                     }
                     None => {
+                        let keys = &self.keys[base..];
                         if keys.iter().any(|k| *k == key) {
                             return Err(Outside);
                         }
@@ -361,7 +382,9 @@ impl<'a> P<'a> {
                     }
                     t.members.push((key.clone(), start, self.i, v));
                 }
-                keys.push(key);
+                if many.is_none() {
+                    self.keys.push(key);
+                }
                 self.skip_ws();
                 match self.peek()? {
                     b',' => self.i += 1,
@@ -373,6 +396,7 @@ impl<'a> P<'a> {
                 }
             }
         }
+        self.keys.truncate(base);
         if let (Some(o), Some(at)) = (out.as_mut(), at) {
             o[at..at + 4].copy_from_slice(&n.to_be_bytes());
         }
