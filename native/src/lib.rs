@@ -350,7 +350,7 @@ fn scan_documents<'py>(
     if specs.iter().any(|p| p.keys.is_empty()) {
         return Ok(None);
     }
-    let found = match guarded(py, || jsondoc::scan(&docs, now, drop_metadata, &specs))? {
+    let mut found = match guarded(py, || jsondoc::scan(&docs, now, drop_metadata, &specs))? {
         Ok(found) => found,
         Err(_) => return Ok(None),
     };
@@ -389,7 +389,10 @@ fn scan_documents<'py>(
     }
     let index: Vec<u32> = found.index.iter().flat_map(|s| [s.at, s.start, s.end]).collect();
     let texts = (PyBytes::new(py, bytes_of(&index)), PyBytes::new(py, &found.texts));
-    let result = (PyBytes::new(py, &found.blob), found.buckets, values, texts).into_pyobject(py)?;
+    let entries = PyBytes::new(py, &found.blob);
+    let buckets = std::mem::take(&mut found.buckets);
+    found.recycle();
+    let result = (entries, buckets, values, texts).into_pyobject(py)?;
     Ok(Some(result))
 }
 
