@@ -167,11 +167,11 @@ fn lookup<'a>(doc: &'a [u8], top: &Top<'a>, path: &Path) -> R<Val<'a>> {
                 p.expect(b':')?;
                 p.skip_ws();
                 let at = p.i;
-                let v = p.value(&mut None, &mut scratch, 1)?;
                 if same {
-                    found = Some((at, v));
+                    found = Some((at, p.value(&mut None, &mut scratch, 1)?));
                     break;
                 }
+                p.skip_value()?;
                 p.skip_ws();
                 if p.peek()? == b',' {
                     p.i += 1;
@@ -328,6 +328,13 @@ mod tests {
         assert!(!check(&[br#"{"a":1,"a":2}"#]));
         assert!(!check(&[br#"{"a":"\ud800"}"#]));
         assert!(!check(&[br#"[1]"#]));
+        // A lookup skips the members before the one it wants: strings holding brackets
+        // and escaped quotes, nested arrays and objects, scalars.
+        let docs: Vec<&[u8]> = vec![br#"{"a":{"s":"x\"}]","n":[1,{"b":2},"]"],"t":true,"f":-1.5e3,"b":{"c":"d\u00e9"}}}"#];
+        let keys = vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()];
+        let paths = vec![Path { lookup: Lookup::Walk, name: b"a.b.c".to_vec(), keys }];
+        let s = scan(&docs, 5_000_000_000, true, &paths).unwrap();
+        assert_eq!(s.values[0][0], Val::Owned("dé".as_bytes().to_vec()));
     }
 
     #[test]

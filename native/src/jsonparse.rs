@@ -85,6 +85,60 @@ impl<'a> P<'a> {
         Ok(())
     }
 
+    /// Past a string's closing quote, from after its opening one, in a document read
+    /// whole once already (no checks but bounds).
+    fn skip_string(&mut self) -> R<()> {
+        loop {
+            match self.peek()? {
+                b'"' => {
+                    self.i += 1;
+                    return Ok(());
+                }
+                b'\\' => self.i += 2,
+                _ => self.i += 1,
+            }
+        }
+    }
+
+    /// Past one value, in a document read whole once already: what `lookup` does with
+    /// the members it does not want (no checks but bounds, no output).
+    pub fn skip_value(&mut self) -> R<()> {
+        match self.peek()? {
+            b'"' => {
+                self.i += 1;
+                self.skip_string()
+            }
+            b'{' | b'[' => {
+                let mut depth = 0usize;
+                loop {
+                    match self.peek()? {
+                        b'"' => {
+                            self.i += 1;
+                            self.skip_string()?;
+                            continue;
+                        }
+                        b'{' | b'[' => depth += 1,
+                        b'}' | b']' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                self.i += 1;
+                                return Ok(());
+                            }
+                        }
+                        _ => {}
+                    }
+                    self.i += 1;
+                }
+            }
+            _ => {
+                while self.i < self.s.len() && !matches!(self.s[self.i], b',' | b'}' | b']') && !ws(self.s[self.i]) {
+                    self.i += 1;
+                }
+                Ok(())
+            }
+        }
+    }
+
     fn hex4(&mut self) -> R<u32> {
         let h = self.s.get(self.i..self.i + 4).ok_or(Outside)?;
         let mut v = 0u32;
