@@ -6,7 +6,9 @@ a JSON object Python reads the same way, gives each event its time by the rules 
 ``logrouter.sources.events`` and hands back the values of the fields the source asks
 for (the tag template's, the idempotency key's), and transcodes the records into a
 PackedForward-style entries blob, which the lake's native builder reads exactly as it
-reads forward entries (``logrouter.lake.native_table``). So on a route without
+reads forward entries (``logrouter.lake.native_table``), except that a record's
+top-level objects and arrays go into ``_extra`` as the documents' own text
+(``PackedEvents.texts``: same values, the sender's spelling). So on a route without
 filters that read records a Beats event never becomes a Python object.
 
 ``DocumentEvents`` is such a read's events: a ``PackedEvents`` over the transcoded

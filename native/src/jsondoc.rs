@@ -4,7 +4,9 @@
 //! gives each event its time by the rules of `logrouter.sources.events` (`@timestamp`,
 //! else the arrival time), and transcodes the records into a PackedForward-style
 //! entries blob (`[EventTime, map]` per event, `@metadata` left out when asked), which
-//! the forward columns builder (`columns::run`) then reads as it reads any entries.
+//! the forward columns builder (`columns::run`) then reads as it reads any entries;
+//! with them the JSON text of each record's top-level objects and arrays, copied from
+//! the document, which that builder writes into `_extra` as it came (`columns::Texts`).
 //! It also hands back the values of the fields the source needs per event (the tag
 //! template's, the idempotency key's) as `Val`s.
 //!

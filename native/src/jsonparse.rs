@@ -408,7 +408,7 @@ impl<'a> P<'a> {
                     }
                     None => {
                         let keys = &self.keys[base..];
-                        if keys.iter().any(|k| *k == key) {
+                        if keys.contains(&key) {
                             return Err(Outside);
                         }
                         if keys.len() >= 16 {
