@@ -22,6 +22,10 @@ loaded machine. ``--stages`` also times the native path's parts alone: inflating
 the table as Parquet (zstd).
 
     .venv/bin/python bench/native_documents.py --repeats 7 --stages
+
+``--against OTHER.so`` times this build's ``scan_documents`` against another build of
+the extension (e.g. main's, ``cargo build --release --features extension-module``),
+loaded beside it, alternating, ratios pair by pair.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ from logrouter.sources import event_keys  # noqa: E402
 from logrouter.sources.events import TagTemplate, batch_builder  # noqa: E402
 from logrouter.sources.json_native import NativeReads  # noqa: E402
 from logrouter.wire import lumberjack as lj  # noqa: E402
+from logrouter.wire.json_lazy import DocumentEvents  # noqa: E402
 
 TAG = "beats.${@metadata.beat}"
 NOW = 1_764_150_000_000_000_000
@@ -115,9 +120,11 @@ def stages(data: list[bytes], rounds: int, events: int) -> None:
     docs = [list(m.documents) for window in data for m in lj.LumberjackDecoder().feed(window) if isinstance(m, lj.Events)]
     reads = NativeReads(TagTemplate(TAG), False, "auto")
     scanned = [NATIVE.scan_documents(d, NOW, False, [tuple(p) for p in reads.paths]) for d in docs]
-    pending = PendingRows()
+    pending, rewritten = PendingRows(), PendingRows()
     for d in docs:
-        pending.extend(reads.read(d, NOW)[0].events)
+        read = reads.read(d, NOW)[0].events
+        pending.extend(read)
+        rewritten.extend(DocumentEvents(read.entries, read.buckets, read.reference))  # no texts
     table = _table(pending)
     _, keys_of = event_keys.value_key_maker("auto")
     parts = {
@@ -126,6 +133,7 @@ def stages(data: list[bytes], rounds: int, events: int) -> None:
         "source: scan_documents": lambda: [NATIVE.scan_documents(d, NOW, False, [tuple(p) for p in reads.paths]) for d in docs],
         "source: keys from scanned values": lambda: [keys_of(s[2][1:]) for s in scanned],
         "lake: schema + table build": lambda: _table(pending),
+        "  same, _extra all from msgpack": lambda: _table(rewritten),
         "lake: Parquet write (zstd)": lambda: pq.write_table(table, io.BytesIO(), compression="zstd"),
     }
     del inflated
@@ -141,6 +149,32 @@ def stages(data: list[bytes], rounds: int, events: int) -> None:
         print(f"    {name:34} {statistics.median(runs):.3f}")
 
 
+def against(path: str, data: list[bytes], rounds: int, repeats: int) -> None:
+    """This build's scan against the one at ``path``, alternating in this process."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("logrouter_native", path)
+    other = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(other)  # type: ignore[union-attr]
+    docs = [list(m.documents) for window in data for m in lj.LumberjackDecoder().feed(window) if isinstance(m, lj.Events)]
+    paths = [tuple(p) for p in NativeReads(TagTemplate(TAG), False, "auto").paths]
+    events = sum(map(len, docs))
+    runs: dict[str, list[float]] = {"other": [], "this": []}
+    for repeat in range(repeats):
+        for name in ("other", "this") if repeat % 2 == 0 else ("this", "other"):
+            module = other if name == "other" else NATIVE
+            gc.collect()
+            start = time.process_time()
+            for _ in range(rounds):
+                for d in docs:
+                    module.scan_documents(d, NOW, False, paths)
+            runs[name].append((time.process_time() - start) / (rounds * events) * 1e6)
+    ratios = [a / b for a, b in zip(runs["other"], runs["this"])]
+    print(f"  scan_documents, CPU µs per event: other {statistics.median(runs['other']):.2f}, "
+          f"this {statistics.median(runs['this']):.2f}; other / this, pair by pair: median "
+          f"{statistics.median(ratios):.2f}x (min {min(ratios):.2f}x, max {max(ratios):.2f}x)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--windows", type=int, default=10)
@@ -148,6 +182,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="row groups per timed run")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs of each path, alternating")
     parser.add_argument("--stages", action="store_true", help="also time the native path's parts alone")
+    parser.add_argument("--against", metavar="OTHER.so", help="time scan_documents against this other build")
     args = parser.parse_args()
     if NATIVE is None:
         sys.exit(f"the native extension is not here: {describe()}")
@@ -170,6 +205,8 @@ def main() -> None:
           f"(min {min(ratios):.2f}x, max {max(ratios):.2f}x)")
     if args.stages:
         stages(data, args.rounds, total)
+    if args.against:
+        against(args.against, data, args.rounds, args.repeats)
 
 
 if __name__ == "__main__":

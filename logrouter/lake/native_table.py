@@ -96,12 +96,14 @@ class PendingRows:
 def _run(parts: list[PackedEvents], columns: list[tuple[str, int]], build: bool) -> Any:
     # Blobs the extension scanned already are not checked again (PackedEvents.checked).
     checked = all(part.checked for part in parts)
+    # Transcoded JSON documents' objects and arrays go into _extra as their text came.
+    texts = [part.texts for part in parts] if build and any(part.texts for part in parts) else None
     try:
         filtered = [part.filtered() for part in parts]
         if not any(filtered):  # as before filters could keep batches packed
-            return NATIVE.build([part.piece() for part in parts], columns, build, None, checked)  # type: ignore[union-attr]
+            return NATIVE.build([part.piece() for part in parts], columns, build, None, checked, texts)  # type: ignore[union-attr]
         filtered = [(None, []) if f is None else f for f in filtered]
-        return NATIVE.build([part.piece() for part in parts], columns, build, filtered, checked)  # type: ignore[union-attr]
+        return NATIVE.build([part.piece() for part in parts], columns, build, filtered, checked, texts)  # type: ignore[union-attr]
     except Exception:  # noqa: BLE001 - a bug in the extension: the Python path is the reference
         return None
 

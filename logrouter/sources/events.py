@@ -366,8 +366,8 @@ def events_of_documents(documents: list[bytes], now: int, drop_metadata: bool) -
     else ``decode_documents``'."""
     found = scan_documents(documents, now, drop_metadata, [])
     if found is not None:
-        entries, buckets, _ = found
-        return DocumentEvents(entries, buckets, partial(decode_documents, documents, now, drop_metadata))
+        entries, buckets, _, texts = found
+        return DocumentEvents(entries, buckets, partial(decode_documents, documents, now, drop_metadata), texts)
     return decode_documents(documents, now, drop_metadata)
 
 

@@ -77,11 +77,11 @@ class NativeReads:
         found = scan_documents(documents, now, self.drop_metadata, self.paths)
         if found is None:
             return None
-        entries, buckets, values = found
+        entries, buckets, values, texts = found
         tag = self._tag(values[: len(self.fields)])
         if tag is None:
             return None
         keys = None if self.keys_of is None else self.keys_of(values[len(self.fields) :])
-        events = DocumentEvents(entries, buckets, partial(decode_documents, documents, now, self.drop_metadata))
+        events = DocumentEvents(entries, buckets, partial(decode_documents, documents, now, self.drop_metadata), texts)
         packed = (JSON_DOCUMENTS, documents, now, self.drop_metadata)
         return Batch(tag, events, json_values=True, packed=packed), keys

@@ -89,7 +89,7 @@ class PackedEvents(Sequence):
     threads race for gives both the same).
     """
 
-    __slots__ = ("entries", "now", "bucket", "start", "stop", "buckets", "selection", "edits", "checked", "_events")
+    __slots__ = ("entries", "now", "bucket", "start", "stop", "buckets", "selection", "edits", "checked", "texts", "_events")
 
     def __init__(
         self,
@@ -103,11 +103,16 @@ class PackedEvents(Sequence):
         edits: tuple[Edit, ...] = (),
         *,
         checked: bool = False,
+        texts: tuple[bytes, bytes] | None = None,
     ) -> None:
         self.entries = entries
         #: The extension's ``scan`` took ``entries`` (in this process): its build need not
         #: check them again. Only this module's makers, which scanned them, set it.
         self.checked = checked
+        #: Where ``entries`` is the extension's transcode of JSON documents: the JSON
+        #: text of their top-level objects and arrays (``json_lazy``), which the lake's
+        #: build writes into ``_extra`` as it came. Only with the blob it was made with.
+        self.texts = texts
         self.now = now
         #: ``(hour bucket, entries)`` of the whole blob, in order of first appearance.
         self.buckets = buckets
@@ -136,12 +141,12 @@ class PackedEvents(Sequence):
         """These events' rows numbered ``rows`` (ascending, from 0)."""
         chosen = array("I", rows) if self.selection is None else array("I", [self.selection[i] for i in rows])
         return PackedEvents(self.entries, self.now, self.buckets, self.bucket, self.start, self.stop, chosen, self.edits,
-                            checked=self.checked)
+                            checked=self.checked, texts=self.texts)
 
     def edited(self, edit: Edit) -> "PackedEvents":
         """These events with ``edit`` applied after the edits they have."""
         return PackedEvents(self.entries, self.now, self.buckets, self.bucket, self.start, self.stop,
-                            self.selection, (*self.edits, edit), checked=self.checked)
+                            self.selection, (*self.edits, edit), checked=self.checked, texts=self.texts)
 
     def events(self) -> list[Event]:
         """The decoded events (the reference decode, done once)."""
@@ -175,7 +180,7 @@ class PackedEvents(Sequence):
             # A slice across hours (the lake never makes one), or filtered rows across
             # hours (the few batches that straddle an hour): grouped decoded.
             return _group(self.events())
-        return [(bucket, PackedEvents(self.entries, self.now, self.buckets, bucket, edits=self.edits, checked=self.checked))
+        return [(bucket, PackedEvents(self.entries, self.now, self.buckets, bucket, edits=self.edits, checked=self.checked, texts=self.texts))
                 for bucket, _ in self.buckets]
 
     def __len__(self) -> int:
@@ -189,11 +194,11 @@ class PackedEvents(Sequence):
             start, stop, step = index.indices(len(self))
             if step == 1 and self.selection is not None:
                 return PackedEvents(self.entries, self.now, self.buckets, self.bucket, self.start, self.stop,
-                                    self.selection[start : max(start, stop)], self.edits, checked=self.checked)
+                                    self.selection[start : max(start, stop)], self.edits, checked=self.checked, texts=self.texts)
             if step == 1:
                 return PackedEvents(self.entries, self.now, self.buckets, self.bucket,
                                     self.start + start, self.start + max(start, stop), edits=self.edits,
-                                    checked=self.checked)
+                                    checked=self.checked, texts=self.texts)
         return self.events()[index]
 
     def __eq__(self, other: object) -> bool:

@@ -6,7 +6,9 @@ a JSON object Python reads the same way, gives each event its time by the rules 
 ``logrouter.sources.events`` and hands back the values of the fields the source asks
 for (the tag template's, the idempotency key's), and transcodes the records into a
 PackedForward-style entries blob, which the lake's native builder reads exactly as it
-reads forward entries (``logrouter.lake.native_table``). So on a route without
+reads forward entries (``logrouter.lake.native_table``), except that a record's
+top-level objects and arrays go into ``_extra`` as the documents' own text
+(``PackedEvents.texts``: same values, the sender's spelling). So on a route without
 filters that read records a Beats event never becomes a Python object.
 
 ``DocumentEvents`` is such a read's events: a ``PackedEvents`` over the transcoded
@@ -44,9 +46,15 @@ class DocumentEvents(PackedEvents):
 
     __slots__ = ("reference",)
 
-    def __init__(self, entries: bytes, buckets: tuple[tuple[int, int], ...], reference: Callable[[], list[Event]]) -> None:
+    def __init__(
+        self,
+        entries: bytes,
+        buckets: tuple[tuple[int, int], ...],
+        reference: Callable[[], list[Event]],
+        texts: tuple[bytes, bytes] | None = None,
+    ) -> None:
         # The entries are the extension's own transcode of documents it checked.
-        super().__init__(entries, None, buckets, checked=True)
+        super().__init__(entries, None, buckets, checked=True, texts=texts)
         self.reference = reference
 
     def events(self) -> list[Event]:
@@ -61,11 +69,13 @@ class DocumentEvents(PackedEvents):
 
 def scan_documents(
     documents: list[bytes], now: int, drop_metadata: bool, paths: list[Path]
-) -> tuple[bytes, tuple[tuple[int, int], ...], list[list[Any]]] | None:
-    """``(entries, buckets, values)`` of ``documents`` read at ``now`` (ns): the records as
-    an entries blob (``@metadata`` left out with ``drop_metadata``), the hour buckets with
-    their event counts, and per path each event's value there (None for missing or null,
-    ``CONTAINER`` for an object or array). None: decode them in Python."""
+) -> tuple[bytes, tuple[tuple[int, int], ...], list[list[Any]], tuple[bytes, bytes]] | None:
+    """``(entries, buckets, values, texts)`` of ``documents`` read at ``now`` (ns): the
+    records as an entries blob (``@metadata`` left out with ``drop_metadata``), the hour
+    buckets with their event counts, per path each event's value there (None for missing
+    or null, ``CONTAINER`` for an object or array), and the JSON text of the records'
+    top-level objects and arrays with where they lie in the blob (``DocumentEvents``'
+    ``texts``). None: decode them in Python."""
     if NATIVE is None or not documents:
         return None
     try:
@@ -74,5 +84,5 @@ def scan_documents(
         return None
     if found is None:
         return None
-    entries, buckets, values = found
-    return entries, tuple(buckets), values
+    entries, buckets, values, texts = found
+    return entries, tuple(buckets), values, texts

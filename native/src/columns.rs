@@ -36,6 +36,42 @@ pub struct Piece<'a> {
     pub selection: Option<&'a [u8]>,
     pub edits: &'a [Edit],
     pub checked: bool,
+    /// The JSON text of the blob's top-level containers, where the blob is the
+    /// transcode of JSON documents (`jsondoc::scan`): `_extra` takes their text as it
+    /// came instead of writing it again from the msgpack.
+    pub texts: Option<Texts<'a>>,
+}
+
+/// `jsondoc::Scanned`'s `index` (native-endian u32 triples: the value's offset in the
+/// blob, its text's start and end in `data`, ascending by offset) and `texts`.
+#[derive(Clone, Copy)]
+pub struct Texts<'a> {
+    pub index: &'a [u8],
+    pub data: &'a [u8],
+}
+
+impl<'a> Texts<'a> {
+    /// The JSON text of the value whose msgpack starts at `at` in the blob, if indexed.
+    fn of(&self, at: usize) -> Option<&'a [u8]> {
+        let word = |i: usize| -> usize {
+            let b = &self.index[i * 4..i * 4 + 4];
+            u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize
+        };
+        let (mut low, mut high) = (0, self.index.len() / 12);
+        while low < high {
+            let mid = (low + high) / 2;
+            let found = word(mid * 3);
+            if found == at {
+                return self.data.get(word(mid * 3 + 1)..word(mid * 3 + 2));
+            }
+            if found < at {
+                low = mid + 1;
+            } else {
+                high = mid;
+            }
+        }
+        None
+    }
 }
 
 /// A field met in the row group (or named by the schema).
@@ -261,8 +297,16 @@ pub fn run<'a>(pieces: &[Piece<'a>], schema: &[(&'a [u8], u8)], build: bool) -> 
                         }
                         json::string(text, key);
                         text.push(b':');
-                        let mut value = Reader { buf: &buf[..end], pos: start };
-                        json::value(&mut value, text, 1)?;
+                        // The piece's own blob (an edited row's spans hold a prefix of
+                        // it); an edit's values are bytes of their own.
+                        let same = buf.as_ptr() == piece.blob.as_ptr() && buf.len() <= piece.blob.len();
+                        match piece.texts.filter(|_| same).and_then(|t| t.of(start)) {
+                            Some(json) => text.extend_from_slice(json),
+                            None => {
+                                let mut value = Reader { buf: &buf[..end], pos: start };
+                                json::value(&mut value, text, 1)?;
+                            }
+                        }
                     }
                     text.push(b'}');
                     out.extra.finish_bytes()?;

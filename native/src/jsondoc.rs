@@ -4,7 +4,9 @@
 //! gives each event its time by the rules of `logrouter.sources.events` (`@timestamp`,
 //! else the arrival time), and transcodes the records into a PackedForward-style
 //! entries blob (`[EventTime, map]` per event, `@metadata` left out when asked), which
-//! the forward columns builder (`columns::run`) then reads as it reads any entries.
+//! the forward columns builder (`columns::run`) then reads as it reads any entries;
+//! with them the JSON text of each record's top-level objects and arrays, copied from
+//! the document, which that builder writes into `_extra` as it came (`columns::Texts`).
 //! It also hands back the values of the fields the source needs per event (the tag
 //! template's, the idempotency key's) as `Val`s.
 //!
@@ -38,9 +40,24 @@ pub struct Path {
 
 pub struct Scanned<'a> {
     pub blob: Vec<u8>,
+    /// The JSON text of every top-level object or array value of the records, copied
+    /// from the documents, and `index`: per such value, where its msgpack starts in
+    /// `blob`, where its text starts and ends in `texts` (ascending by the first).
+    pub texts: Vec<u8>,
+    pub index: Vec<Spliced>,
     pub buckets: Vec<(i64, usize)>,
     /// Per path, per event.
     pub values: Vec<Vec<Val<'a>>>,
+}
+
+/// A top-level container of a record: its msgpack's offset in the entries blob and its
+/// JSON text's span in `Scanned::texts` (`columns::Texts` reads these as u32 triples).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Spliced {
+    pub at: u32,
+    pub start: u32,
+    pub end: u32,
 }
 
 const TIMESTAMP: &[u8] = b"@timestamp";
@@ -132,7 +149,7 @@ fn lookup<'a>(doc: &'a [u8], top: &Top<'a>, path: &Path) -> R<Val<'a>> {
     let mut scratch = Vec::new();
     let last = path.keys.len() - 1;
     for (depth, key) in path.keys.iter().enumerate().skip(1) {
-        let mut p = P { s: doc, i: start };
+        let mut p = P::at(doc, start); // `doc` passed `P::new` in `document`
         if p.peek()? != b'{' {
             return Ok(Val::Missing);
         }
@@ -144,19 +161,19 @@ fn lookup<'a>(doc: &'a [u8], top: &Top<'a>, path: &Path) -> R<Val<'a>> {
             loop {
                 p.skip_ws();
                 p.expect(b'"')?;
-                let k: Vec<u8> = match p.string(&mut scratch)? {
-                    Some(raw) => raw.to_vec(),
-                    None => scratch.clone(),
+                let same = match p.string(&mut scratch)? {
+                    Some(raw) => raw == &key[..],
+                    None => scratch == *key,
                 };
                 p.skip_ws();
                 p.expect(b':')?;
                 p.skip_ws();
                 let at = p.i;
-                let v = p.value(&mut None, &mut scratch, 1)?;
-                if k == *key {
-                    found = Some((at, v));
+                if same {
+                    found = Some((at, p.value(&mut None, &mut scratch, 1)?));
                     break;
                 }
+                p.skip_value()?;
                 p.skip_ws();
                 if p.peek()? == b',' {
                     p.i += 1;
@@ -180,13 +197,14 @@ fn lookup<'a>(doc: &'a [u8], top: &Top<'a>, path: &Path) -> R<Val<'a>> {
 
 /// One document: its record as msgpack into `blob` (after the entry's head, which the
 /// caller writes once the time is known), its time, and the paths' values.
-fn document<'a>(doc: &'a [u8], now: i64, drop_metadata: bool, paths: &[Path], blob: &mut Vec<u8>, values: &mut [Vec<Val<'a>>]) -> R<i64> {
-    let mut p = P { s: doc, i: 0 };
+fn document<'a>(doc: &'a [u8], now: i64, drop_metadata: bool, paths: &[Path], out: &mut Scanned<'a>) -> R<i64> {
+    let blob = &mut out.blob;
+    let mut p = P::new(doc)?;
     p.skip_ws();
     p.expect(b'{')?;
     let head = blob.len();
     blob.extend_from_slice(&[0x92, 0xd7, 0x00, 0, 0, 0, 0, 0, 0, 0, 0]);
-    let mut top = Top { drop_metadata, members: Vec::new() };
+    let mut top = Top { drop_metadata, members: Vec::new(), containers: Vec::new() };
     let mut scratch = Vec::new();
     p.object(&mut Some(blob), &mut scratch, 1, Some(&mut top))?;
     p.skip_ws();
@@ -212,18 +230,55 @@ fn document<'a>(doc: &'a [u8], now: i64, drop_metadata: bool, paths: &[Path], bl
     let nanos = (time % NANOS_PER_SECOND) as u32;
     blob[head + 3..head + 7].copy_from_slice(&seconds.to_be_bytes());
     blob[head + 7..head + 11].copy_from_slice(&nanos.to_be_bytes());
-    for (path, out) in paths.iter().zip(values.iter_mut()) {
-        out.push(lookup(doc, &top, path)?);
+    for &(at, start, end) in &top.containers {
+        let from = out.texts.len();
+        out.texts.extend_from_slice(&doc[start..end]);
+        let offset = |n: usize| u32::try_from(n).map_err(|_| Outside); // a read of 4 GiB: Python's
+        out.index.push(Spliced { at: offset(at)?, start: offset(from)?, end: offset(out.texts.len())? });
+    }
+    for (path, column) in paths.iter().zip(out.values.iter_mut()) {
+        column.push(lookup(doc, &top, path)?);
     }
     Ok(time)
+}
+
+thread_local! {
+    /// The buffers of this thread's last scan, handed back (`Scanned::recycle`) once
+    /// copied out: a read's megabyte of output then lands on pages already mapped
+    /// instead of faulting in fresh ones every time.
+    static SPARE: std::cell::RefCell<(Vec<u8>, Vec<u8>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Buffers kept for the next scan at most this big (a rare huge read's are freed).
+const SPARE_BYTES: usize = 16 << 20;
+
+impl Scanned<'_> {
+    /// Give this scan's output buffers to the next scan on this thread.
+    pub fn recycle(self) {
+        let (mut blob, mut texts) = (self.blob, self.texts);
+        if blob.capacity() + texts.capacity() <= SPARE_BYTES {
+            blob.clear();
+            texts.clear();
+            SPARE.with(|spare| *spare.borrow_mut() = (blob, texts));
+        }
+    }
 }
 
 /// Scan every document (see the module's docs), `now` being the arrival time.
 pub fn scan<'a>(documents: &[&'a [u8]], now: i64, drop_metadata: bool, paths: &[Path]) -> R<Scanned<'a>> {
     let total: usize = documents.iter().map(|d| d.len()).sum();
-    let mut out = Scanned { blob: Vec::with_capacity(total), buckets: Vec::new(), values: paths.iter().map(|_| Vec::with_capacity(documents.len())).collect() };
+    let (mut blob, mut texts) = SPARE.with(|spare| std::mem::take(&mut *spare.borrow_mut()));
+    blob.reserve(total);
+    texts.reserve(total);
+    let mut out = Scanned {
+        blob,
+        texts,
+        index: Vec::new(),
+        buckets: Vec::new(),
+        values: paths.iter().map(|_| Vec::with_capacity(documents.len())).collect(),
+    };
     for doc in documents {
-        let time = document(doc, now, drop_metadata, paths, &mut out.blob, &mut out.values)?;
+        let time = document(doc, now, drop_metadata, paths, &mut out)?;
         let bucket = hour_bucket(time);
         if let Some((_, count)) = out.buckets.iter_mut().find(|(known, _)| *known == bucket) {
             *count += 1;
@@ -240,7 +295,9 @@ pub fn scan<'a>(documents: &[&'a [u8]], now: i64, drop_metadata: bool, paths: &[
 pub fn check(documents: &[&[u8]]) -> bool {
     let mut scratch = Vec::new();
     documents.iter().all(|doc| {
-        let mut p = P { s: doc, i: 0 };
+        let Ok(mut p) = P::new(doc) else {
+            return false;
+        };
         p.skip_ws();
         if p.expect(b'{').is_err() || p.object(&mut None, &mut scratch, 1, None).is_err() {
             return false;
@@ -273,5 +330,26 @@ mod tests {
         assert!(!check(&[br#"{"a":1,"a":2}"#]));
         assert!(!check(&[br#"{"a":"\ud800"}"#]));
         assert!(!check(&[br#"[1]"#]));
+        // A lookup skips the members before the one it wants: strings holding brackets
+        // and escaped quotes, nested arrays and objects, scalars.
+        let docs: Vec<&[u8]> = vec![br#"{"a":{"s":"x\"}]","n":[1,{"b":2},"]"],"t":true,"f":-1.5e3,"b":{"c":"d\u00e9"}}}"#];
+        let keys = vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()];
+        let paths = vec![Path { lookup: Lookup::Walk, name: b"a.b.c".to_vec(), keys }];
+        let s = scan(&docs, 5_000_000_000, true, &paths).unwrap();
+        assert_eq!(s.values[0][0], Val::Owned("dé".as_bytes().to_vec()));
+    }
+
+    #[test]
+    fn strings_eight_bytes_at_a_time() {
+        // A quote, backslash, control character or bad UTF-8 at every place of a chunk.
+        for n in 0..20 {
+            let pad = "x".repeat(n);
+            let good = format!(r#"{{"k{pad}":"{pad}\"{pad}","é{pad}":"{pad}ü"}}"#);
+            assert!(check(&[good.as_bytes()]), "{good}");
+            for bad in [0x01u8, 0x1f, 0xff, 0xc3] {
+                let raw = [&br#"{"k":""#[..], pad.as_bytes(), &[bad], pad.as_bytes(), br#""}"#].concat();
+                assert!(!check(&[&raw]), "{raw:?}");
+            }
+        }
     }
 }

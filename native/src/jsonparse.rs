@@ -27,9 +27,24 @@ pub enum Val<'a> {
     Container,
 }
 
+/// A reader over one document, which must be valid UTF-8 (`P::new` checks it): a
+/// string's bytes between two quotes are then valid UTF-8 too, with no check per string.
 pub struct P<'a> {
     pub s: &'a [u8],
     pub i: usize,
+    /// The keys of the objects being read, outermost first (one allocation per reader).
+    keys: Vec<std::borrow::Cow<'a, [u8]>>,
+}
+
+const ONES: u64 = 0x0101_0101_0101_0101;
+const HIGH: u64 = 0x8080_8080_8080_8080;
+
+/// Whether any of the 8 bytes of `v` may be a quote, a backslash or a control character
+/// (a false alarm is allowed: the caller then looks byte by byte).
+#[inline]
+fn maybe_special(v: u64) -> bool {
+    let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
+    (zero(v ^ (ONES * b'"' as u64)) | zero(v ^ (ONES * b'\\' as u64)) | (v.wrapping_sub(ONES * 0x20) & !v & HIGH)) != 0
 }
 
 #[inline]
@@ -38,6 +53,17 @@ fn ws(b: u8) -> bool {
 }
 
 impl<'a> P<'a> {
+    /// A reader at the start of `doc`, if it is valid UTF-8 (std's check, fast on ASCII).
+    pub fn new(doc: &'a [u8]) -> R<Self> {
+        std::str::from_utf8(doc).map_err(|_| Outside)?;
+        Ok(P { s: doc, i: 0, keys: Vec::new() })
+    }
+
+    /// A reader at `i` of a document that passed `new`.
+    pub fn at(doc: &'a [u8], i: usize) -> Self {
+        P { s: doc, i, keys: Vec::new() }
+    }
+
     #[inline]
     pub fn skip_ws(&mut self) {
         while self.i < self.s.len() && ws(self.s[self.i]) {
@@ -59,6 +85,60 @@ impl<'a> P<'a> {
         Ok(())
     }
 
+    /// Past a string's closing quote, from after its opening one, in a document read
+    /// whole once already (no checks but bounds).
+    fn skip_string(&mut self) -> R<()> {
+        loop {
+            match self.peek()? {
+                b'"' => {
+                    self.i += 1;
+                    return Ok(());
+                }
+                b'\\' => self.i += 2,
+                _ => self.i += 1,
+            }
+        }
+    }
+
+    /// Past one value, in a document read whole once already: what `lookup` does with
+    /// the members it does not want (no checks but bounds, no output).
+    pub fn skip_value(&mut self) -> R<()> {
+        match self.peek()? {
+            b'"' => {
+                self.i += 1;
+                self.skip_string()
+            }
+            b'{' | b'[' => {
+                let mut depth = 0usize;
+                loop {
+                    match self.peek()? {
+                        b'"' => {
+                            self.i += 1;
+                            self.skip_string()?;
+                            continue;
+                        }
+                        b'{' | b'[' => depth += 1,
+                        b'}' | b']' => {
+                            depth -= 1;
+                            if depth == 0 {
+                                self.i += 1;
+                                return Ok(());
+                            }
+                        }
+                        _ => {}
+                    }
+                    self.i += 1;
+                }
+            }
+            _ => {
+                while self.i < self.s.len() && !matches!(self.s[self.i], b',' | b'}' | b']') && !ws(self.s[self.i]) {
+                    self.i += 1;
+                }
+                Ok(())
+            }
+        }
+    }
+
     fn hex4(&mut self) -> R<u32> {
         let h = self.s.get(self.i..self.i + 4).ok_or(Outside)?;
         let mut v = 0u32;
@@ -76,15 +156,17 @@ impl<'a> P<'a> {
         let s = self.s;
         // The common case: no escape, ASCII or plain UTF-8.
         let mut j = start;
+        while let Some(chunk) = s.get(j..j + 8) {
+            if maybe_special(u64::from_le_bytes(chunk.try_into().map_err(|_| Outside)?)) {
+                break;
+            }
+            j += 8;
+        }
         while j < s.len() {
             let b = s[j];
             if b == b'"' {
-                let raw = &s[start..j];
-                if !raw.is_ascii() {
-                    std::str::from_utf8(raw).map_err(|_| Outside)?;
-                }
                 self.i = j + 1;
-                return Ok(Some(raw));
+                return Ok(Some(&s[start..j])); // valid UTF-8: see `P`
             }
             if b == b'\\' {
                 break;
@@ -98,11 +180,7 @@ impl<'a> P<'a> {
             return Err(Outside);
         }
         out.clear();
-        let prefix = &s[start..j];
-        if !prefix.is_ascii() {
-            std::str::from_utf8(prefix).map_err(|_| Outside)?;
-        }
-        out.extend_from_slice(prefix);
+        out.extend_from_slice(&s[start..j]);
         self.i = j;
         loop {
             let b = self.peek()?;
@@ -156,11 +234,7 @@ impl<'a> P<'a> {
                     while k < self.s.len() && !matches!(self.s[k], b'"' | b'\\' | 0x00..=0x1f) {
                         k += 1;
                     }
-                    let run = &self.s[from..k];
-                    if !run.is_ascii() {
-                        std::str::from_utf8(run).map_err(|_| Outside)?;
-                    }
-                    out.extend_from_slice(run);
+                    out.extend_from_slice(&self.s[from..k]);
                     self.i = k;
                 }
             }
@@ -312,7 +386,7 @@ impl<'a> P<'a> {
             o.len() - 4
         });
         let mut n: u32 = 0;
-        let mut keys: Vec<std::borrow::Cow<'a, [u8]>> = Vec::new();
+        let base = self.keys.len();
         let mut many: Option<std::collections::HashSet<std::borrow::Cow<'a, [u8]>>> = None;
         self.skip_ws();
         if self.peek()? == b'}' {
@@ -333,7 +407,8 @@ impl<'a> P<'a> {
                         }
                     }
                     None => {
-                        if keys.iter().any(|k| *k == key) {
+                        let keys = &self.keys[base..];
+                        if keys.contains(&key) {
                             return Err(Outside);
                         }
                         if keys.len() >= 16 {
@@ -353,11 +428,17 @@ impl<'a> P<'a> {
                 }
                 self.skip_ws();
                 let start = self.i;
+                let at = member_out.as_ref().map(|o| o.len());
                 let v = self.value(&mut member_out, scratch, depth)?;
                 if let Some(t) = top.as_mut() {
+                    if let (Val::Container, Some(at)) = (&v, at) {
+                        t.containers.push((at, start, self.i));
+                    }
                     t.members.push((key.clone(), start, self.i, v));
                 }
-                keys.push(key);
+                if many.is_none() {
+                    self.keys.push(key);
+                }
                 self.skip_ws();
                 match self.peek()? {
                     b',' => self.i += 1,
@@ -369,6 +450,7 @@ impl<'a> P<'a> {
                 }
             }
         }
+        self.keys.truncate(base);
         if let (Some(o), Some(at)) = (out.as_mut(), at) {
             o[at..at + 4].copy_from_slice(&n.to_be_bytes());
         }
@@ -380,6 +462,9 @@ impl<'a> P<'a> {
 pub struct Top<'a> {
     pub drop_metadata: bool,
     pub members: Vec<(std::borrow::Cow<'a, [u8]>, usize, usize, Val<'a>)>,
+    /// The members that are objects or arrays and were written to `out`: where their
+    /// msgpack starts in `out`, and their JSON text's span in the document.
+    pub containers: Vec<(usize, usize, usize)>,
 }
 
 fn write_str(o: &mut Vec<u8>, s: &[u8]) {

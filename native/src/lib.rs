@@ -117,8 +117,13 @@ fn column_tuple<'py>(py: Python<'py>, column: &columns::Column) -> PyResult<Boun
 /// `checked=True` says every piece's blob got a result from `scan` (in this process):
 /// its strings, keys and nesting are then not checked again. Never pass it for bytes
 /// that were not scanned.
+///
+/// `texts`, one per piece where given: None, or the `(index, texts)` that
+/// `scan_documents` gave with the piece's blob, whose top-level containers' JSON text
+/// `_extra` then takes as it came. Never pass it with another blob.
 #[pyfunction]
-#[pyo3(signature = (pieces, schema, build=true, filtered=None, checked=false))]
+#[pyo3(signature = (pieces, schema, build=true, filtered=None, checked=false, texts=None))]
+#[allow(clippy::too_many_arguments)]
 fn build<'py>(
     py: Python<'py>,
     pieces: Vec<(Bound<'py, PyBytes>, Option<i64>, Option<i64>, usize, usize)>,
@@ -126,8 +131,13 @@ fn build<'py>(
     build: bool,
     filtered: Option<Vec<Filtered<'py>>>,
     checked: bool,
+    texts: Option<Vec<Option<(Bound<'py, PyBytes>, Bound<'py, PyBytes>)>>>,
 ) -> PyResult<Option<Bound<'py, PyTuple>>> {
     let (selections, edits) = unpack_filtered(filtered, pieces.len())?;
+    let texts = texts.unwrap_or_else(|| pieces.iter().map(|_| None).collect());
+    if texts.len() != pieces.len() || texts.iter().flatten().any(|(index, _)| index.as_bytes().len() % 12 != 0) {
+        return Err(PyValueError::new_err("texts: one per piece, an index of u32 triples"));
+    }
     let parts: Vec<columns::Piece> =
         pieces.iter().enumerate().map(|(i, (blob, now, bucket, start, stop))| columns::Piece {
         blob: blob.as_bytes(),
@@ -138,6 +148,7 @@ fn build<'py>(
         selection: selections[i].as_ref().map(|b| b.as_bytes()),
         edits: &edits[i],
         checked,
+        texts: texts[i].as_ref().map(|(index, data)| columns::Texts { index: index.as_bytes(), data: data.as_bytes() }),
     }).collect();
     let names: Vec<(&[u8], u8)> = schema.iter().map(|(name, kind)| (name.as_bytes(), *kind)).collect();
     let out = match guarded(py, || columns::run(&parts, &names, build))? {
@@ -339,13 +350,14 @@ fn document_slices<'a>(documents: &'a [Bound<'_, PyAny>], copies: &'a [Option<Ve
 }
 
 /// `scan_documents(documents, now, drop_metadata, paths)`: None if any document is
-/// outside the subset; else `(entries, buckets, values)`: the records as a
+/// outside the subset; else `(entries, buckets, values, texts)`: the records as a
 /// PackedForward entries blob (what `scan` and `build` take, times as EventTimes,
 /// `@metadata` left out with `drop_metadata`), `[(hour bucket, events), ...]` in order
 /// of first appearance, and per path (`(lookup, dotted name, keys)`, lookup 0: nested
 /// objects, 1: a top-level key with the whole dotted name first) a list of each
 /// event's value there: None (missing or null), bool, int, float, str, or `...` for
-/// an object or array.
+/// an object or array; and `(index, texts)`, the JSON text of the records' top-level
+/// objects and arrays as `build` takes it with the entries (`jsondoc::Scanned`).
 #[pyfunction]
 fn scan_documents<'py>(
     py: Python<'py>,
@@ -367,7 +379,7 @@ fn scan_documents<'py>(
     if specs.iter().any(|p| p.keys.is_empty()) {
         return Ok(None);
     }
-    let found = match guarded(py, || jsondoc::scan(&docs, now, drop_metadata, &specs))? {
+    let mut found = match guarded(py, || jsondoc::scan(&docs, now, drop_metadata, &specs))? {
         Ok(found) => found,
         Err(_) => return Ok(None),
     };
@@ -404,7 +416,12 @@ fn scan_documents<'py>(
         }
         values.append(list)?;
     }
-    let result = (PyBytes::new(py, &found.blob), found.buckets, values).into_pyobject(py)?;
+    let index: Vec<u32> = found.index.iter().flat_map(|s| [s.at, s.start, s.end]).collect();
+    let texts = (PyBytes::new(py, bytes_of(&index)), PyBytes::new(py, &found.texts));
+    let entries = PyBytes::new(py, &found.blob);
+    let buckets = std::mem::take(&mut found.buckets);
+    found.recycle();
+    let result = (entries, buckets, values, texts).into_pyobject(py)?;
     Ok(Some(result))
 }
 

@@ -93,8 +93,8 @@ class Counting:
     def __getattr__(self, name):
         return getattr(NATIVE, name)
 
-    def build(self, pieces, schema, build=True, filtered=None, checked=False):
-        found = NATIVE.build(pieces, schema, build, filtered, checked)
+    def build(self, pieces, schema, build=True, filtered=None, checked=False, texts=None):
+        found = NATIVE.build(pieces, schema, build, filtered, checked, texts)
         self.built += found is not None and build
         return found
 

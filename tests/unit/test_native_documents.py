@@ -184,7 +184,11 @@ def check_read(docs: list[bytes], template: str, drop: bool, spec, now: int = NO
     transcoded = PackedEvents(batch.events.entries, None, batch.events.buckets)
     assert msgpack.packb(transcoded.events()) == msgpack.packb(events)
     assert msgpack.packb(list(batch.events)) == msgpack.packb(events)
+    assert batch.events.texts is not None
     assert_same_tables(*lake_tables(DocumentEvents(batch.events.entries, batch.events.buckets, lambda: events), events))
+    # The JSON text of top-level objects and arrays taken into _extra as it came.
+    spliced = DocumentEvents(batch.events.entries, batch.events.buckets, lambda: events, batch.events.texts)
+    assert_same_tables(*lake_tables(spliced, events))
     return True
 
 
@@ -359,3 +363,23 @@ def test_a_log_courier_payload_stays_packed() -> None:
     [call] = router.calls
     assert type(call.batch.events) is DocumentEvents and call.key == b"n" * 16
     assert call.batch.events == decode_documents(docs, T0 * 1_000_000_000, False)
+
+
+def test_filtered_documents_take_their_objects_text_into_extra_as_python_writes_them() -> None:
+    """Filters' edits and selections over a read whose objects' JSON text the build
+    splices into ``_extra``: a renamed object keeps its text, a set one is written
+    from the edit, a removed one is gone; the rows are what Python makes of them."""
+    from logrouter.filters.columnar import remove_edit, rename_edit, set_edit
+
+    docs = [b' { "host" : { "a" : [ 1 , 2.50 , "\\u00e9" ] } , "@timestamp":"2026-11-26T10:00:00Z","x":[],"y":{}} ']
+    docs += [filebeat(i) for i in range(40)]
+    events = events_of_documents(docs, NOW, False)
+    assert type(events) is DocumentEvents and events.texts is not None
+    edited = events.narrowed([0, 3, 5, 39, 40])
+    for edit in (rename_edit([("host", "machine")]), remove_edit(["agent"]), set_edit({"log": {"k": [1, None]}})):
+        edited = edited.edited(edit)
+    reference = [(time, dict(record)) for time, record in edited]
+    assert reference[0][1]["machine"] == {"a": [1, 2.5, "é"]}
+    native, python = lake_tables(edited, reference)
+    assert_same_tables(native, python)
+    assert '"machine":{ "a" : [ 1 , 2.50 , "\\u00e9" ] }' in native.column("_extra")[0].as_py()  # spliced
