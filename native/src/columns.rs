@@ -13,7 +13,7 @@
 
 use crate::edits::{self, Edit, Span};
 use crate::json;
-use crate::reader::{hour_bucket, utf8, Head, Outside, Reader, R};
+use crate::reader::{utf8, Head, Outside, Reader, R};
 use std::collections::HashMap;
 
 pub const BOOL: u8 = 1;
@@ -235,13 +235,7 @@ pub fn run<'a>(pieces: &[Piece<'a>], schema: &[(&'a [u8], u8)], build: bool) -> 
             if time == 0 {
                 time = piece.now.ok_or(Outside)?;
             }
-            let skip = match piece.bucket {
-                Some(bucket) if hour_bucket(time) != bucket => true,
-                _ => {
-                    taken += 1;
-                    taken <= piece.start || !edits::selected(piece.selection, &mut next, taken - 1 - piece.start)
-                }
-            };
+            let skip = !edits::takes(piece.bucket, piece.start, piece.selection, time, &mut taken, &mut next);
             if skip {
                 if piece.checked {
                     for _ in 0..count {

@@ -91,6 +91,20 @@ pub fn selected(selection: Option<&[u8]>, next: &mut usize, ordinal: usize) -> b
     }
 }
 
+/// Whether an entry stamped `time` is one of a piece's rows: in its hour `bucket` (None:
+/// any hour), past the first `start` of those, and `selected`. Counts the entries of
+/// the bucket in `taken`; `next` walks the selection.
+#[inline]
+pub fn takes(bucket: Option<i64>, start: usize, selection: Option<&[u8]>, time: i64, taken: &mut usize, next: &mut usize) -> bool {
+    match bucket {
+        Some(bucket) if hour_bucket(time) != bucket => false,
+        _ => {
+            *taken += 1;
+            *taken > start && selected(selection, next, *taken - 1 - start)
+        }
+    }
+}
+
 /// The text grep sees of a value, appended to `out`; false for a value whose text
 /// only Python gives (floats, tables, arrays, bin that is not UTF-8) — then the
 /// caller's Python path decides. Nil is handled by the caller.
@@ -158,13 +172,7 @@ fn each_row<'a>(pieces: &[Rows<'a>], mut visit: impl FnMut(&[Span<'a>]) -> R<()>
             if time == 0 {
                 time = piece.now.ok_or(Outside)?;
             }
-            let take = match piece.bucket {
-                Some(bucket) if hour_bucket(time) != bucket => false,
-                _ => {
-                    taken += 1;
-                    taken > piece.start && selected(piece.selection, &mut next, taken - 1 - piece.start)
-                }
-            };
+            let take = takes(piece.bucket, piece.start, piece.selection, time, &mut taken, &mut next);
             if !take {
                 r.check_map(count, 1)?;
                 continue;
@@ -301,13 +309,7 @@ pub fn entries_at(piece: &Rows, wanted: &[usize]) -> R<Vec<(usize, usize)>> {
         if time == 0 {
             time = piece.now.ok_or(Outside)?;
         }
-        let take = match piece.bucket {
-            Some(bucket) if hour_bucket(time) != bucket => false,
-            _ => {
-                taken += 1;
-                taken > piece.start && selected(piece.selection, &mut next, taken - 1 - piece.start)
-            }
-        };
+        let take = takes(piece.bucket, piece.start, piece.selection, time, &mut taken, &mut next);
         r.check_map(count, 1)?;
         if take {
             if wanted[found.len()] == ordinal {

@@ -11,22 +11,11 @@ import pytest
 
 from daemon import Daemon
 from lake_sinks import with_sink
+from daemon_configs import FORWARD_TO_LAKE
 
 pytestmark = pytest.mark.timeout(120)
 
-CONFIG = """
-[spool]
-path = "spool"
-
-[sources.forward]
-type = "fluent_forward"
-listen = "tcp:0:interface=127.0.0.1"
-
-[sinks.lake]
-type = "parquet"
-inputs = ["forward"]
-path = "lake"
-"""
+CONFIG = FORWARD_TO_LAKE
 
 
 @pytest.mark.parametrize(

@@ -18,18 +18,7 @@ import sys
 import textwrap
 
 from repo_paths import REPO
-
-FORWARD_TO_LAKE = """
-[spool]
-path = "spool"
-[sources.forward]
-type = "fluent_forward"
-listen = "tcp:0:interface=127.0.0.1"
-[sinks.lake]
-type = "parquet"
-inputs = ["forward"]
-path = "lake"
-"""
+from daemon_configs import FORWARD_TO_LAKE
 
 
 WATCHED = ("grpc", "zmq", "google.protobuf", "pyarrow", "pyiceberg", "OpenSSL", "cryptography", "service_identity",

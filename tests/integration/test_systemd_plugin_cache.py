@@ -20,21 +20,10 @@ from pathlib import Path
 import pytest
 
 from daemon import REPO, TWISTD, Daemon
+from daemon_configs import FORWARD_TO_LAKE
 
 LOGROUTER = TWISTD.parent / "logrouter"
-CONFIG = """
-[spool]
-path = "spool"
-
-[sources.forward]
-type = "fluent_forward"
-listen = "tcp:0:interface=127.0.0.1"
-
-[sinks.lake]
-type = "parquet"
-inputs = ["forward"]
-path = "lake"
-"""
+CONFIG = FORWARD_TO_LAKE
 
 
 def unprivileged() -> list[str]:

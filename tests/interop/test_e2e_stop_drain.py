@@ -19,23 +19,12 @@ from fluent import sender
 from daemon import Daemon
 from helpers import lake_column
 from lake_sinks import KINDS, column, with_sink
+from daemon_configs import FORWARD_TO_LAKE
 
 ITERATIONS = 4
 EVENTS = 5000
 
-CONFIG = """
-[spool]
-path = "spool"
-
-[sources.forward]
-type = "fluent_forward"
-listen = "tcp:0:interface=127.0.0.1"
-
-[sinks.lake]
-type = "parquet"
-inputs = ["forward"]
-path = "lake"
-roll_secs = 3600
+CONFIG = FORWARD_TO_LAKE + """roll_secs = 3600
 """
 
 
