@@ -19,6 +19,7 @@ test-unit``, the fast loop, runs 25 examples each.
 from __future__ import annotations
 
 import json
+import math
 import os
 import struct
 from collections.abc import Callable, Iterable, Sequence
@@ -164,3 +165,17 @@ def mixed_documents(draw: Any) -> list[bytes]:
         else:
             out.append(draw(st.binary(max_size=16)))
     return out
+
+
+def same(a: Any, b: Any) -> bool:
+    """JSON values equal, NaN equal to NaN, types and key order included (the codecs'
+    and the lake's values compared across the native and Python paths)."""
+    if isinstance(a, float) and isinstance(b, float):
+        return a == b or (math.isnan(a) and math.isnan(b))
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, list):
+        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
+    return a == b

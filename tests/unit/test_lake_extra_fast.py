@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import json
-import math
 
-from fuzz_helpers import fuzz_settings
+from fuzz_helpers import fuzz_settings, same
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -26,18 +25,6 @@ def exact(fields) -> str:
         return text
     except (TypeError, ValueError, RecursionError):
         return extra._dumps(extra.jsonable(fields))
-
-
-def same(a, b) -> bool:
-    if isinstance(a, float) and isinstance(b, float):
-        return a == b or (math.isnan(a) and math.isnan(b))
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, list):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict):
-        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
-    return a == b
 
 
 @fuzz_settings()

@@ -15,12 +15,11 @@ into the lake. Skipped where the extension is not installed.
 from __future__ import annotations
 
 import json
-import math
 
 import msgpack
 import pyarrow as pa
 import pytest
-from fuzz_helpers import fuzz_settings, mutated
+from fuzz_helpers import fuzz_settings, mutated, same
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -109,18 +108,6 @@ documents = st.lists(
 
 
 # -- comparing ------------------------------------------------------------------------------
-
-
-def same(a, b) -> bool:
-    if isinstance(a, float) and isinstance(b, float):
-        return a == b or (math.isnan(a) and math.isnan(b))
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, list):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict):
-        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
-    return a == b
 
 
 def python_read(docs: list[bytes], now: int, template: str, drop: bool, spec):

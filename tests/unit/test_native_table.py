@@ -12,13 +12,12 @@ throws garbage at it). Skipped where the extension is not installed.
 from __future__ import annotations
 
 import json
-import math
 import struct
 
 import msgpack
 import pyarrow as pa
 import pytest
-from fuzz_helpers import fuzz_settings
+from fuzz_helpers import fuzz_settings, same
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -60,19 +59,6 @@ records = st.dictionaries(keys, values, max_size=6)
 times = st.integers(0, 2**32 - 1).map(lambda s: s * 1_000_000_000) | st.sampled_from([0, NOW, NOW + HOUR, NOW - 1])
 events_lists = st.lists(st.tuples(times, records), max_size=12)
 declared = st.dictionaries(st.sampled_from(["a", "b", "c", "n", "msg"]), st.sampled_from(["bool", "int", "float", "string", "binary"]), max_size=3)
-
-
-def same(a, b) -> bool:
-    """JSON values equal, NaN equal to NaN, key order included."""
-    if isinstance(a, float) and isinstance(b, float):
-        return a == b or (math.isnan(a) and math.isnan(b))
-    if type(a) is not type(b):
-        return False
-    if isinstance(a, list):
-        return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
-    if isinstance(a, dict):
-        return list(a) == list(b) and all(same(a[k], b[k]) for k in a)
-    return a == b
 
 
 def same_events(a, b) -> bool:
