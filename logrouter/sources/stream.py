@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from twisted.internet import defer, protocol
+from twisted.internet import defer, protocol, tcp
 from twisted.logger import Logger
 from twisted.protocols.policies import TimeoutMixin
 
@@ -355,7 +355,33 @@ class StreamProtocol(
 
     def send(self, data: bytes) -> None:
         if not self.closing and self.transport is not None:
-            self.transport.write(data)
+            write_now(self.transport, data)
+
+
+def write_now(transport: Any, data: bytes) -> None:
+    """Write ``data`` to the socket at once if nothing is waiting to go before it.
+
+    ``transport.write`` only buffers and registers the socket with the reactor, which
+    writes in its next turn and then unregisters it: two ``epoll_ctl`` calls and a turn
+    for every reply, which is one reply per forward chunk. A reply is small and the
+    socket's buffer mostly empty, so a plain TCP connection with nothing buffered gets it
+    in one ``send`` (``writeSomeData``: what ``doWrite`` would call), and only what the
+    socket did not take is left to ``write``; with anything buffered, a TLS connection or
+    an error (``writeSomeData`` hands back the exception), ``write`` does it all, in order."""
+    if (
+        transport.__class__ is tcp.Server
+        and transport.connected
+        and not transport.disconnecting
+        and not getattr(transport, "_writeDisconnected", True)  # after loseWriteConnection: write drops it
+        and not transport.dataBuffer
+        and not getattr(transport, "_tempDataLen", 1)  # Twisted's second buffer
+    ):
+        sent = transport.writeSomeData(data)
+        if sent.__class__ is int:
+            if sent == len(data):
+                return
+            data = data[sent:]
+    transport.write(data)
 
 
 class StreamFactory(protocol.Factory):
