@@ -21,7 +21,9 @@ the peak RSS of its process tree (the sum of each process's VmHWM; then each pro
 peak and current RSS, idle after start-up and after the load, from ``process_memory.py``)
 and its CPU seconds per million events (user + system of the tree, from the start of the load until every event
 landed). Run by hand, e.g. ``.venv/bin/python bench/vs_fluent_bit.py --seconds 20``;
-``--only logrouter`` or ``--only fluent-bit`` runs one side.
+``--only logrouter`` or ``--only fluent-bit`` runs one side; ``--runs N`` runs N rounds
+(logrouter, then Fluent Bit) and ends with the medians, the ranges and logrouter's ratios
+to Fluent Bit round by round.
 """
 
 from __future__ import annotations
@@ -170,19 +172,60 @@ def main() -> None:
     parser.add_argument("--workers", default="auto", help="logrouter's [router] workers (default: auto)")
     parser.add_argument("--only", choices=["logrouter", "fluent-bit"], help="run one side only")
     parser.add_argument("--land-timeout", type=float, default=300, help="seconds to wait for Fluent Bit's file")
+    parser.add_argument("--runs", type=int, default=1,
+                        help="rounds of both systems, one after the other; with more than one, a summary of medians and spreads")
     args = parser.parse_args()
     if args.workers != "auto":
         args.workers = int(args.workers)
     args.compress = "text"
     print(f"load: {args.connections} connections x {args.window} chunk(s) in flight of {args.events_per_chunk} events, "
           f"{args.seconds:.0f}s per system")
-    results = []
-    if args.only in (None, "logrouter"):
-        results.append(run_logrouter(args))
-        print("\n".join(results[-1].lines()), flush=True)
-    if args.only in (None, "fluent-bit"):
-        results.append(run_fluent_bit(args))
-        print("\n".join(results[-1].lines()), flush=True)
+    rounds: list[dict[str, Result]] = []
+    for run in range(args.runs):
+        if args.runs > 1:
+            print(f"-- round {run + 1} of {args.runs}", flush=True)
+        results: dict[str, Result] = {}
+        if args.only in (None, "logrouter"):
+            results["logrouter"] = run_logrouter(args)
+            print("\n".join(results["logrouter"].lines()), flush=True)
+        if args.only in (None, "fluent-bit"):
+            results["fluent-bit"] = run_fluent_bit(args)
+            print("\n".join(results["fluent-bit"].lines()), flush=True)
+        rounds.append(results)
+    if args.runs > 1:
+        print("\n".join(summary(rounds)), flush=True)
+
+
+def spread(values: list[float], form: str) -> str:
+    """The median of ``values`` and their range, each written with ``form``."""
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    return f"median {median:{form}} ({ordered[0]:{form}}-{ordered[-1]:{form}})"
+
+
+def summary(rounds: list[dict[str, Result]]) -> list[str]:
+    """Medians and ranges over the rounds, per system, and logrouter's ratios to Fluent Bit
+    round by round (each ratio of two runs a few minutes apart)."""
+    lines = [f"summary of {len(rounds)} rounds"]
+    for system in rounds[0]:
+        runs = [each[system] for each in rounds]
+        lines += [
+            f"  {system}",
+            f"    acked/s      {spread([r.acked / r.load_secs for r in runs], ',.0f')}",
+            f"    end to end/s {spread([r.landed / r.landed_secs for r in runs], ',.0f')}",
+            f"    peak RSS MiB {spread([r.rss_mib for r in runs], '.0f')}",
+            f"    CPU s/M      {spread([r.cpu_secs / r.landed * 1e6 for r in runs], '.2f')}",
+        ]
+    if len(rounds[0]) == 2:
+        ours, theirs = [each["logrouter"] for each in rounds], [each["fluent-bit"] for each in rounds]
+        lines += [
+            "  logrouter / Fluent Bit, round by round",
+            f"    acked        {spread([(a.acked / a.load_secs) / (b.acked / b.load_secs) for a, b in zip(ours, theirs)], '.2f')}",
+            f"    end to end   {spread([(a.landed / a.landed_secs) / (b.landed / b.landed_secs) for a, b in zip(ours, theirs)], '.2f')}",
+            f"    peak RSS     {spread([a.rss_mib / b.rss_mib for a, b in zip(ours, theirs)], '.2f')}",
+        ]
+    return lines
 
 
 if __name__ == "__main__":
