@@ -4,7 +4,8 @@
 
 A class using it sets ``process`` (a ``subprocess.Popen`` with stdout a text pipe),
 ``lines`` (a list) and ``_queue`` (a ``queue.Queue``), then calls ``follow_output()``.
-``LOG_NAME`` names the process in failures, ``LOG_TAIL`` bounds the output they show."""
+``LOG_NAME`` names the process in failures, ``LOG_TAIL`` bounds the output they show;
+with ``log_path`` set, every line is also written to that file as it comes."""
 
 from __future__ import annotations
 
@@ -21,16 +22,25 @@ class ProcessLog:
     process: Any
     lines: list[str]
     _queue: queue.Queue
+    log_path: Any = None  # a file to copy the output to, line by line (None: none)
 
     def follow_output(self) -> None:
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
         assert self.process is not None and self.process.stdout is not None
-        for line in self.process.stdout:
-            self.lines.append(line)
-            self._queue.put(line)
-        self._queue.put(None)
+        log = open(self.log_path, "w") if self.log_path is not None else None
+        try:
+            for line in self.process.stdout:
+                if log is not None:
+                    log.write(line)
+                    log.flush()
+                self.lines.append(line)
+                self._queue.put(line)
+        finally:
+            if log is not None:
+                log.close()
+            self._queue.put(None)
 
     def wait_for(self, pattern: str, timeout: float = 60) -> re.Match:
         """The first log line (old or new) matching ``pattern``; fails after ``timeout``."""

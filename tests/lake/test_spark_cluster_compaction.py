@@ -22,20 +22,18 @@ import re
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from hdfs_cluster import in_child
+from process_log import ProcessLog
 from repo_paths import REPO
 from logrouter.compaction.layout import is_compacted, list_partitions
 from logrouter.lake.dataset import lake_dataset
 from logrouter.lake.fs import filesystem_for
 from logrouter.lake.partition import HOUR_NS
 from logrouter.lake.writer import LakeWriter
-from repo_paths import REPO
 
 T0 = 1_714_546_800 * 10**9  # 2024-05-01T07:00:00Z: long sealed
 TAGS = ["app", "db", "web"]
@@ -44,42 +42,22 @@ FILES_PER_PARTITION = 3
 ROWS_PER_FILE = 50
 
 
-class Launched:
-    """A spark-class process (its own session), its log read by a thread."""
+class Launched(ProcessLog):
+    """A spark-class process (its own session), its log read by a thread and copied to ``log``."""
+
+    LOG_NAME = "spark-class"
+    LOG_TAIL = 4000
 
     def __init__(self, argv: list[str], env: dict[str, str], log: Path) -> None:
         self.log_path = log
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        self.text: list[str] = []
+        self.lines: list[str] = []
+        self._queue: queue.Queue = queue.Queue()
         self.process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                         start_new_session=True)
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        with open(self.log_path, "w") as log:
-            for line in self.process.stdout:
-                log.write(line)
-                log.flush()
-                self.text.append(line)
-                self.lines.put(line)
-        self.lines.put(None)
+        self.follow_output()
 
     def wait_for(self, pattern: str, timeout: float = 120) -> re.Match:
-        regex = re.compile(pattern)
-        deadline = time.monotonic() + timeout
-        for line in list(self.text):
-            if m := regex.search(line):
-                return m
-        while (left := deadline - time.monotonic()) > 0:
-            try:
-                line = self.lines.get(timeout=left)
-            except queue.Empty:
-                break
-            if line is None:
-                raise RuntimeError(f"ended before {pattern!r}: {''.join(self.text[-30:])}")
-            if m := regex.search(line):
-                return m
-        raise TimeoutError(f"no {pattern!r} within {timeout}s: {''.join(self.text[-30:])}")
+        return super().wait_for(pattern, timeout)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -172,8 +150,8 @@ def test_one_job_on_the_standalone_cluster_compacts_every_partition_of_the_hdfs_
     assert all(": compacted, 3 files" in line and f"{FILES_PER_PARTITION * ROWS_PER_FILE} rows" in line
                for line in lines), done.stdout
     # one Spark application for every partition, run by the standalone cluster
-    registered = [line for line in master.text if "Registering app logrouter-compact" in line]
-    assert len(registered) == 1, "".join(master.text[-20:])
+    registered = [line for line in master.lines if "Registering app logrouter-compact" in line]
+    assert len(registered) == 1, "".join(master.lines[-20:])
 
     after = in_child(partitions, url)
     assert [key for key, _ in after] == [key for key, _ in before]
@@ -247,7 +225,7 @@ def test_iceberg_maintenance_on_the_standalone_cluster_of_a_table_on_hdfs(hdfs, 
     assert done.returncode == 0, done.stdout + done.stderr[-4000:]
     [result] = [json.loads(line.split(" ", 1)[1]) for line in done.stdout.splitlines() if line.startswith("compaction-result")]
     assert result["rewrite_data_files"]["rewritten_data_files_count"] == files_before
-    assert [line for line in master.text if "Registering app logrouter-iceberg-maintain" in line]
+    assert [line for line in master.lines if "Registering app logrouter-iceberg-maintain" in line]
     ids, files_after, paths = in_child(iceberg_ids, str(tmp_path), warehouse)
     assert sorted(ids) == list(range(150)) and files_after == 4
     assert all(path.startswith(warehouse + "/logs/events/data/") for path in paths)
