@@ -70,6 +70,10 @@ class SampleFilter:
         self._rate_path = paths.key_path(options["rate_field"]) if options["rate_field"] else None
         self._decisions: dict[Any, bool] = {}
         self.dropped = 0
+        # the batch being processed: a record whose rate_field cannot be set goes to the
+        # error path under its tag, and is not counted as sampled out
+        self._tag = ""
+        self._unmarkable = 0
 
     def _offset(self, events: list[Event]) -> int:
         return self._offset_of(events[0], events[-1][0], len(events))
@@ -106,8 +110,10 @@ class SampleFilter:
             out = self._packed(batch, packed)
             if out is not NotImplemented:
                 return out
+        self._tag = batch.tag
+        self._unmarkable = 0
         kept = on_tables(self.name, batch, self.errors, self._run)
-        self.dropped += len(batch.events) - len(kept)
+        self.dropped += len(batch.events) - len(kept) - self._unmarkable
         return narrowed(batch, kept) if self._rate_path is None else replaced(batch, kept)
 
     def _packed(self, batch: Batch, packed: Any) -> Any:
@@ -178,4 +184,15 @@ class SampleFilter:
         if path is None:
             return events
         rate = self.rate
-        return [(t, paths.with_value(record, path, rate)) for t, record in events]
+        try:
+            return [(t, paths.with_value(record, path, rate)) for t, record in events]
+        except TypeError:
+            pass  # a scalar on the way to the field in some record: those alone fail, below
+        marked = []
+        for t, record in events:
+            try:
+                marked.append((t, paths.with_value(record, path, rate)))
+            except TypeError as exc:
+                self._unmarkable += 1
+                self.errors(self.name, self._tag, record, f"cannot set rate_field: {exc}")
+        return marked

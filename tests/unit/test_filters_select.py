@@ -154,6 +154,20 @@ def test_sample_rate_one_keeps_everything():
     assert f.process(b) is b
 
 
+@pytest.mark.parametrize("condition", [None, "i >= 0"])
+def test_sample_a_rate_field_blocked_by_a_scalar_costs_only_that_event(condition):
+    # `$.m.k` cannot be set where `m` holds a bool: that event goes to the error path with
+    # the reason (as `set` does), the others are kept and marked; before, the whole batch
+    # failed out of `process`.
+    options = {"condition": condition} if condition else {}
+    f, errors = make(SampleFilter, rate=1, rate_field="$.m.k", **options)
+    out = f.process(Batch("t", [(1, {"i": 0, "m": True}), (2, {"i": 1, "m": {"a": 1}}), (3, {"i": 2})]))
+    assert records(out) == [{"i": 1, "m": {"a": 1, "k": 1}}, {"i": 2, "m": {"k": 1}}]
+    assert [(call[1], call[2]) for call in errors.calls] == [("t", {"i": 0, "m": True})]
+    assert "'m' holds a bool" in errors.calls[0][3]
+    assert f.dropped == 0  # sent to the error path, not sampled out
+
+
 def test_sample_records_that_are_not_tables_go_to_the_error_path():
     f, errors = make(SampleFilter, rate=1, key=["a"])
     out = f.process(Batch("t", [(1, {"a": 1}), (2, "text")]))
