@@ -32,7 +32,9 @@ What this codec decides:
   ``max_decompressed_bytes`` before anything is allocated, and must match what the block
   decompresses to; zlib is inflated with a bound. The body frame itself may not exceed
   ``max_body_bytes``. The decompressed body must be a UTF-8 JSON object (section 6) and
-  is returned as a ``dict``.
+  is returned as a ``dict``; or, where the caller's ``keep_body`` says it reads the
+  text itself (the source's native read, ``logrouter.sources.logjam_native``), left
+  undecoded in an ``UndecodedMessage``.
 - Every problem raises ``LogjamDecodeError`` (a ``DecodeError``, never fatal: one bad
   message costs only itself) with a human ``reason`` and a machine ``kind`` from
   ``ERROR_KINDS`` so that a source can count drops per kind.
@@ -43,7 +45,7 @@ from __future__ import annotations
 import json
 import struct
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import cramjam
@@ -75,6 +77,7 @@ __all__ = [
     "PING",
     "SNAPPY",
     "TOPIC_PREFIXES",
+    "UndecodedMessage",
     "ZLIB_COMPRESSION",
     "compress_body",
     "decode_message",
@@ -170,6 +173,17 @@ class LogjamMessage(NamedTuple):
     @property
     def stream(self) -> str:
         return f"{self.app}-{self.env}"
+
+
+class UndecodedMessage(NamedTuple):
+    """A data message whose ``body`` is its JSON object's text (decompressed), not decoded:
+    one the caller's ``keep_body`` took (it checked the text is a JSON object)."""
+
+    app: str
+    env: str
+    topic: str
+    body: bytes
+    meta: Meta
 
 
 class Heartbeat(NamedTuple):
@@ -318,9 +332,11 @@ def decode_message_sized(
     frames: Sequence[bytes],
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
-) -> tuple[LogjamMessage | Heartbeat, int]:
+    keep_body: Callable[[bytes], bool] | None = None,
+) -> tuple[LogjamMessage | UndecodedMessage | Heartbeat, int]:
     """``decode_message``, and the size of the body's JSON text once decompressed (for a
-    heartbeat, of its body frame as sent)."""
+    heartbeat, of its body frame as sent). A body ``keep_body`` says yes to is not
+    decoded: the message is an ``UndecodedMessage``."""
     if len(frames) != 4:
         raise LogjamDecodeError("frames", f"message has {len(frames)} frames, not 4")
     stream, topic_frame, body, meta_frame = frames
@@ -334,6 +350,8 @@ def decode_message_sized(
     app, env = split_stream_name(bytes(stream))
     topic = _ascii(bytes(topic_frame), "topic", "topic")
     data = decompress_body(bytes(body), meta.compression, max_decompressed_bytes)
+    if keep_body is not None and keep_body(data):
+        return UndecodedMessage(app, env, topic, data, meta), len(data)
     return LogjamMessage(app, env, topic, _json_object(data), meta), len(data)
 
 
