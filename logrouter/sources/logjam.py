@@ -33,9 +33,10 @@ RFC 3339, as ``started_at``), else the meta's ``created_ms``, else the arrival t
 tag renders ``tag`` over ``app``, ``env`` and ``topic``.
 
 With the native extension a body stays undecoded from the socket to the lake
-(``logjam_native``): the receiver thread checks it natively instead of decoding it, and
-each batch is one native pass over its bodies, stored as they arrived (``logjam-bodies``);
-without it, or for a body or batch the extension does not take, the Python path above.
+(``logjam_native``): the receiver thread reads it natively into the event's entry
+instead of decoding it, a batch joins its messages' entries, and the spool stores the
+bodies as they arrived (``logjam-bodies``); without it, or for a body the extension does
+not take, the Python path above.
 
 What arrives together is stored per tag in batches of at most ``BATCH_BYTES`` of body
 JSON (``split_by_size``), each one spool record: a record has a size limit
@@ -48,7 +49,7 @@ Bad messages (wrong frame count, bad meta, unknown compression, a body over the 
 a decompression bomb, not a JSON object) are dropped one by one, counted per reason
 (``logrouter_logjam_dropped_messages_total``) and logged at a bounded rate; the sockets go
 on. Sockets, decoding and the hand-off to the reactor live in ``zmq_receiver``: the
-reactor only gets bounded chunks of decoded (or natively checked) messages.
+reactor only gets bounded chunks of decoded (or natively read) messages.
 
 Backpressure: paused by the router, the receiver stops reading; ZeroMQ's queues fill
 (``receive_hwm``), then a device's PUB drops what we cannot take (counted as gaps when
@@ -72,7 +73,7 @@ from logrouter.failures import UnstorableBatch
 from logrouter.sources.base import Sample, SourceBase
 from logrouter.sources.drops import DroppedMessages
 from logrouter.sources.events import NANOS, TagTemplate, check_tag
-from logrouter.sources.logjam_native import LogjamBatches, keeps_body
+from logrouter.sources.logjam_native import LogjamBatches, ScannedMessage
 from logrouter.sources.sequence import DEFAULT_SILENCE_SECS, SequenceTracker, Verdict
 from logrouter.sources.stream import STREAM_OPTIONS
 from logrouter.sources.zmq_receiver import PULL, ROUTER, SUB, Received, SocketSpec, ZmqReceiver
@@ -121,15 +122,14 @@ class Request:
     __slots__ = ("decoded", "reply_first", "size")
 
     def __init__(self, decoded: Any, reply_first: bytes | None, size: int = 0) -> None:
-        self.decoded = decoded  # LogjamMessage, UndecodedMessage, Heartbeat, Ping or LogjamDecodeError
+        self.decoded = decoded  # LogjamMessage, ScannedMessage, Heartbeat, Ping or LogjamDecodeError
         self.reply_first = reply_first  # the frame a reply echoes; None = no reply owed
         self.size = size  # the body's JSON text, decompressed (what batches are sized by)
 
 
-def _legacy_message(frames: list[bytes], max_body_bytes: int, now_ms: int) -> tuple[Any, int]:
-    """A 3-frame PULL message of a producer from before meta-info (the device makes the meta)."""
-    meta = wire.encode_meta(wire.Meta(wire.NONE, 0, now_ms, 0))
-    return wire.decode_message_sized([*frames, meta], max_body_bytes, max_body_bytes, keep_body=keeps_body)  # type: ignore[return-value]
+def _legacy_frames(frames: list[bytes], now_ms: int) -> list[bytes]:
+    """A 3-frame PULL message of a producer from before meta-info, with the meta the device makes."""
+    return [*frames, wire.encode_meta(wire.Meta(wire.NONE, 0, now_ms, 0))]
 
 
 def _time_field_checker(value: list[Any]) -> None:
@@ -345,19 +345,18 @@ class LogjamSource(SourceBase):
             decoded, size = self._decode_or_error(frames, limits)
             return Request(decoded, first, size)
         if kind == PULL and len(frames) == 3:
-            try:
-                now_ms = int(self.reactor.seconds() * 1000)
-                message, size = _legacy_message(frames, self.max_body_bytes, now_ms)
-                return Request(message, None, size)
-            except wire.LogjamDecodeError as e:
-                return Request(detached(e), None)
+            frames = _legacy_frames(frames, int(self.reactor.seconds() * 1000))
+            limits = (self.max_body_bytes, self.max_body_bytes)
         decoded, size = self._decode_or_error(frames, limits)
         return Request(decoded, None, size)
 
-    @staticmethod
-    def _decode_or_error(frames: list[bytes], limits: tuple[int, int]) -> tuple[Any, int]:
+    def _decode_or_error(self, frames: list[bytes], limits: tuple[int, int]) -> tuple[Any, int]:
+        batches = self.batches
         try:
-            return wire.decode_message_sized(frames, *limits, keep_body=keeps_body)
+            decoded, size = wire.decode_message_sized(frames, *limits, undecoded=batches.native)
+            if decoded.__class__ is wire.UndecodedMessage:
+                decoded = batches.read(decoded, int(self.reactor.seconds() * NANOS))
+            return decoded, size
         except wire.LogjamDecodeError as e:
             return detached(e), 0  # kept in the chunk: no traceback tying the receiver's frames to it
 
@@ -383,7 +382,7 @@ class LogjamSource(SourceBase):
             decoded = request.decoded if request.__class__ is Request else request
             spec = specs[item.socket]
             kind = decoded.__class__
-            if kind is wire.UndecodedMessage or kind is wire.LogjamMessage:
+            if kind is ScannedMessage or kind is wire.LogjamMessage:
                 self.messages += 1
                 meta = decoded.meta
                 if spec.kind == SUB and tracker.observe(spec.endpoint, meta.device, meta.sequence) is not Verdict.NEW:

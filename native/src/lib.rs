@@ -438,6 +438,8 @@ fn logrouter_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(check_documents, m)?)?;
     m.add_function(wrap_pyfunction!(scan_documents, m)?)?;
     m.add_function(wrap_pyfunction!(logjam::scan_logjam, m)?)?;
+    m.add_class::<logjam::LogjamReader>()?;
+    m.add_function(wrap_pyfunction!(logjam::join_logjam, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

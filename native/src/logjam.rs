@@ -187,13 +187,123 @@ pub fn scan_logjam<'py>(
             fallback: *fallback,
         })
         .collect();
-    let keys: Vec<Vec<u8>> = if prefix.is_empty() {
-        Vec::new()
-    } else {
-        ["app", "env", "topic", "device", "sequence"].iter().map(|n| format!("{prefix}{n}").into_bytes()).collect()
-    };
+    let keys = metadata_keys(&prefix);
     let names: Vec<&[u8]> = time_fields.iter().map(|n| n.as_bytes()).collect();
     let found = match crate::guarded(py, || scan(&docs, &metas, &keys, &names))? {
+        Ok(found) => found,
+        Err(_) => return Ok(None),
+    };
+    let index: Vec<u32> = found.index.iter().flat_map(|s| [s.at, s.start, s.end]).collect();
+    let texts = (PyBytes::new(py, crate::bytes_of(&index)), PyBytes::new(py, &found.texts));
+    let result = (PyBytes::new(py, &found.blob), found.buckets, texts).into_pyobject(py)?;
+    Ok(Some(result))
+}
+
+fn metadata_keys(prefix: &str) -> Vec<Vec<u8>> {
+    if prefix.is_empty() {
+        return Vec::new();
+    }
+    ["app", "env", "topic", "device", "sequence"].iter().map(|n| format!("{prefix}{n}").into_bytes()).collect()
+}
+
+/// `LogjamReader(prefix, time_fields)`: a source's reads of one body at a time, for its
+/// receiver thread (the names made once, not per body).
+#[pyclass(frozen, module = "logrouter_native")]
+pub struct LogjamReader {
+    keys: Vec<Vec<u8>>,
+    names: Vec<Vec<u8>>,
+}
+
+#[pymethods]
+impl LogjamReader {
+    #[new]
+    fn new(prefix: &str, time_fields: Vec<String>) -> Self {
+        LogjamReader { keys: metadata_keys(prefix), names: time_fields.into_iter().map(String::into_bytes).collect() }
+    }
+
+    /// `read(body, app, env, topic, device, sequence, fallback)`: `scan_logjam` of one
+    /// body: None if it is outside; else `(entry, index, texts)`, its event's entry and
+    /// its top-level containers' text, the index's offsets relative to the two, as
+    /// `join_logjam` takes them.
+    #[allow(clippy::too_many_arguments)]
+    fn read<'py>(
+        &self,
+        py: Python<'py>,
+        body: &Bound<'py, PyBytes>,
+        app: &str,
+        env: &str,
+        topic: &str,
+        device: u32,
+        sequence: u64,
+        fallback: i64,
+    ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+        let meta = Meta { app: app.as_bytes(), env: env.as_bytes(), topic: topic.as_bytes(), device, sequence, fallback };
+        let names: Vec<&[u8]> = self.names.iter().map(|n| &n[..]).collect();
+        let doc = body.as_bytes();
+        let keys = &self.keys;
+        let found = match crate::guarded(py, || scan(&[doc], std::slice::from_ref(&meta), keys, &names))? {
+            Ok(found) => found,
+            Err(_) => return Ok(None),
+        };
+        let index: Vec<u32> = found.index.iter().flat_map(|s| [s.at, s.start, s.end]).collect();
+        let result = (PyBytes::new(py, &found.blob), PyBytes::new(py, crate::bytes_of(&index)), PyBytes::new(py, &found.texts));
+        Ok(Some(result.into_pyobject(py)?))
+    }
+}
+
+/// The entries of `pieces` (`LogjamReader::read`'s) one after another, as `scan` gives a
+/// batch of them: each entry's time read back from its EventTime head.
+pub fn join(pieces: &[(&[u8], &[u8], &[u8])]) -> R<Scanned> {
+    let mut out = Scanned {
+        blob: Vec::with_capacity(pieces.iter().map(|p| p.0.len()).sum()),
+        texts: Vec::with_capacity(pieces.iter().map(|p| p.2.len()).sum()),
+        index: Vec::new(),
+        buckets: Vec::new(),
+    };
+    for (entry, index, texts) in pieces {
+        if entry.len() < 11 || entry[..3] != [0x92, 0xd7, 0x00] || index.len() % 12 != 0 {
+            return Err(Outside);
+        }
+        let seconds = u32::from_be_bytes(entry[3..7].try_into().map_err(|_| Outside)?) as i64;
+        let nanos = u32::from_be_bytes(entry[7..11].try_into().map_err(|_| Outside)?) as i64;
+        let bucket = hour_bucket(seconds * NANOS_PER_SECOND + nanos);
+        if let Some((_, count)) = out.buckets.iter_mut().find(|(known, _)| *known == bucket) {
+            *count += 1;
+        } else if out.buckets.len() >= 1024 {
+            return Err(Outside);
+        } else {
+            out.buckets.push((bucket, 1));
+        }
+        let offset = |n: usize| u32::try_from(n).map_err(|_| Outside);
+        let (at, from) = (offset(out.blob.len())?, offset(out.texts.len())?);
+        for triple in index.chunks_exact(12) {
+            let word = |i: usize| u32::from_ne_bytes(triple[i..i + 4].try_into().unwrap_or([0; 4]));
+            let (a, s, e) = (word(0), word(4), word(8));
+            if a as usize >= entry.len() || s > e || e as usize > texts.len() {
+                return Err(Outside);
+            }
+            out.index.push(Spliced {
+                at: at.checked_add(a).ok_or(Outside)?,
+                start: from.checked_add(s).ok_or(Outside)?,
+                end: from.checked_add(e).ok_or(Outside)?,
+            });
+        }
+        out.blob.extend_from_slice(entry);
+        out.texts.extend_from_slice(texts);
+    }
+    Ok(out)
+}
+
+/// `join_logjam(pieces)`: the `(entries, buckets, texts)` of a batch of messages from
+/// their `LogjamReader.read` pieces, as `scan_logjam` gives them for the batch's bodies;
+/// None for a piece that is not one.
+#[pyfunction]
+pub fn join_logjam<'py>(
+    py: Python<'py>,
+    pieces: Vec<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>)>,
+) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let parts: Vec<(&[u8], &[u8], &[u8])> = pieces.iter().map(|(e, i, t)| (e.as_bytes(), i.as_bytes(), t.as_bytes())).collect();
+    let found = match crate::guarded(py, || join(&parts))? {
         Ok(found) => found,
         Err(_) => return Ok(None),
     };
@@ -241,5 +351,19 @@ mod tests {
         assert!(blob.ends_with(&[0xcf, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]));
         let plain = scan(&[br#"{}"#], &[meta(5 * NANOS_PER_SECOND)], &[], &[]).unwrap();
         assert_eq!(&plain.blob[11..], &[0xdf, 0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn joined_pieces_are_the_batch_scanned_whole() {
+        let docs: Vec<&[u8]> = vec![br#"{"a":[1,{"b":2}],"c":"d"}"#, br#"{}"#, br#"{"x":{},"started_ms":7200000}"#];
+        let metas: Vec<Meta> = (0..3).map(|i| meta((i + 1) * 3_600 * NANOS_PER_SECOND)).collect();
+        let names: Vec<&[u8]> = vec![b"started_ms"];
+        let whole = scan(&docs, &metas, &keys(), &names).unwrap();
+        let ones: Vec<Scanned> = docs.iter().zip(&metas).map(|(d, m)| scan(&[d], std::slice::from_ref(m), &keys(), &names).unwrap()).collect();
+        let indexes: Vec<Vec<u8>> = ones.iter().map(|o| o.index.iter().flat_map(|s| [s.at, s.start, s.end]).flat_map(u32::to_ne_bytes).collect()).collect();
+        let pieces: Vec<(&[u8], &[u8], &[u8])> = ones.iter().zip(&indexes).map(|(o, i)| (&o.blob[..], &i[..], &o.texts[..])).collect();
+        let joined = join(&pieces).unwrap();
+        assert_eq!((joined.blob, joined.texts, joined.index, joined.buckets), (whole.blob, whole.texts, whole.index, whole.buckets));
+        assert_eq!(join(&[(&[0x92, 0xd7, 0x00][..], &[][..], &[][..])]).err(), Some(Outside));
     }
 }

@@ -34,10 +34,11 @@ from logrouter.lake.native_table import PendingRows, build_table, file_schema_of
 from logrouter.lake.partition import split_by_hour
 from logrouter.lake.schema import ColumnTypes, file_schema
 from logrouter.native import NATIVE, describe
-from logrouter.sources import logjam as logjam_source
 from logrouter.sources import logjam_native
 from logrouter.sources.logjam import LogjamSource
-from logrouter.sources.logjam_native import LOGJAM_BODIES, LogjamBatches, decode_bodies, events_of_bodies, scan_bodies
+from logrouter.sources.logjam_native import (
+    LOGJAM_BODIES, LogjamBatches, ScannedMessage, decode_bodies, events_of_bodies, scan_bodies,
+)
 from logrouter.sources.zmq_receiver import PULL, ROUTER, Received
 from logrouter.spool.record import decode_batch, encode_batch
 from logrouter.wire import json_text
@@ -319,9 +320,9 @@ def test_a_read_stays_packed_into_the_spool_and_the_lake(prefix, monkeypatch) ->
     [batch] = router.batches
     assert type(batch.events) is DocumentEvents and batch.packed[0] == LOGJAM_BODIES and batch.packed[1] == docs
     # Without the extension: the same batch of records, as before.
-    monkeypatch.setattr(logjam_source, "keeps_body", None)
     monkeypatch.setattr(logjam_native, "NATIVE", None)
     plain, plain_router, _ = make_source(metadata_prefix=prefix)
+    assert not plain.batches.native
     receive(plain, messages)
     [reference] = plain_router.batches
     monkeypatch.undo()
@@ -332,6 +333,9 @@ def test_a_read_stays_packed_into_the_spool_and_the_lake(prefix, monkeypatch) ->
     # source wrote before (the records) replays to the same events.
     replayed, _ = decode_batch(encode_batch(batch))
     assert type(replayed.events) is DocumentEvents
+    # the joined pieces of the receiver thread's reads are the batch's scan whole
+    assert (replayed.events.entries, replayed.events.buckets, replayed.events.texts) == (
+        batch.events.entries, batch.events.buckets, batch.events.texts)
     old, _ = decode_batch(encode_batch(reference))
     assert msgpack.packb(list(replayed.events)) == msgpack.packb(old.events)
     assert_same_tables(*lake_tables(replayed.events, reference.events))
@@ -355,7 +359,7 @@ def test_the_receiver_thread_judges_each_body_as_the_codec(docs) -> None:
         except wire.LogjamDecodeError as e:
             assert isinstance(kept, wire.LogjamDecodeError) and (kept.kind, kept.reason) == (e.kind, e.reason)
             continue
-        if type(kept) is wire.UndecodedMessage:
+        if type(kept) is ScannedMessage:
             assert json_text.loads(kept.body) == plain.body and kept[:3] == plain[:3] and kept.meta == plain.meta
         else:
             assert kept == plain
@@ -399,9 +403,10 @@ def test_mixed_messages_are_made_in_python() -> None:
     batches = LogjamBatches("logjam_", ["started_ms"])
     meta = wire.Meta(wire.NONE, 1, 0, 5)
     messages = [
-        wire.UndecodedMessage("a", "b", "logs", b'{"started_ms":1764000000000,"k":[1]}', meta),
-        wire.LogjamMessage("a", "b", "logs", {"x": float("nan")}, meta),
+        batches.read(wire.UndecodedMessage("a", "b", "logs", b'{"started_ms":1764000000000,"k":[1]}', meta), NOW),
+        batches.read(wire.UndecodedMessage("a", "b", "logs", b'{"x":NaN}', meta), NOW),
     ]
+    assert [type(m) for m in messages] == [ScannedMessage, wire.LogjamMessage]
     batch = batches.batch("t", messages, NOW, "jam")
     assert type(batch.events) is list and batch.packed is None
     assert batch.events[0] == (1_764_000_000_000_000_000, {"started_ms": 1764000000000, "k": [1], "logjam_app": "a",
