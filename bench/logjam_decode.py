@@ -213,6 +213,7 @@ def main() -> None:
     python_batches, native_batches = batches(data, False), batches(data, True)
     assert all(b.packed is None for b in python_batches) and all(b.packed is not None for b in native_batches)
     assert table(python_batches) == table(native_batches) == args.messages
+    del python_batches, native_batches  # not kept alive through the runs (the GC would walk them)
     body_bytes = sum(len(zlib.decompress(frames[3])) for frames in data) / args.messages
     print(f"logjam messages -> batches -> lake table: {args.messages} request messages per round, {body_bytes:.0f} bytes "
           f"of JSON each (zlib); {args.rounds} rounds per run, {args.repeats} runs of each path, alternating")
