@@ -67,6 +67,7 @@ BUILTIN_MODULES = tuple(dict.fromkeys(module for types in BUILTIN_TYPES.values()
 STORED_FORMATS: dict[str, str] = {
     "forward": "logrouter.sources.fluent_forward",
     "json-documents": "logrouter.sources.events",
+    "logjam-bodies": "logrouter.sources.logjam_native",
 }
 
 #: Modules that register config sections and checks (``logrouter.config.sections``), in

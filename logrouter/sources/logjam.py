@@ -32,6 +32,12 @@ entry that holds one (a number is ms since the epoch, as ``started_ms``; a strin
 RFC 3339, as ``started_at``), else the meta's ``created_ms``, else the arrival time. The
 tag renders ``tag`` over ``app``, ``env`` and ``topic``.
 
+With the native extension a body stays undecoded from the socket to the lake
+(``logjam_native``): the receiver thread reads it natively into the event's entry
+instead of decoding it, a batch joins its messages' entries, and the spool stores the
+bodies as they arrived (``logjam-bodies``); without it, or for a body the extension does
+not take, the Python path above.
+
 What arrives together is stored per tag in batches of at most ``BATCH_BYTES`` of body
 JSON (``split_by_size``), each one spool record: a record has a size limit
 (``MAX_PAYLOAD``), and one past it would be refused whole, however valid each message in
@@ -43,7 +49,7 @@ Bad messages (wrong frame count, bad meta, unknown compression, a body over the 
 a decompression bomb, not a JSON object) are dropped one by one, counted per reason
 (``logrouter_logjam_dropped_messages_total``) and logged at a bounded rate; the sockets go
 on. Sockets, decoding and the hand-off to the reactor live in ``zmq_receiver``: the
-reactor only gets bounded chunks of decoded messages.
+reactor only gets bounded chunks of decoded (or natively read) messages.
 
 Backpressure: paused by the router, the receiver stops reading; ZeroMQ's queues fill
 (``receive_hwm``), then a device's PUB drops what we cannot take (counted as gaps when
@@ -61,13 +67,13 @@ from twisted.internet import defer, task
 from twisted.logger import Logger
 
 from logrouter import registry
-from logrouter.batch import Batch
 from logrouter.config.options import Option, list_of, positive
 from logrouter.config.zmq_endpoints import bind_option, check_connect_endpoints
 from logrouter.failures import UnstorableBatch
 from logrouter.sources.base import Sample, SourceBase
 from logrouter.sources.drops import DroppedMessages
-from logrouter.sources.events import NANOS, TagTemplate, check_tag, time_from_fields
+from logrouter.sources.events import NANOS, TagTemplate, check_tag
+from logrouter.sources.logjam_native import LogjamBatches, ScannedMessage
 from logrouter.sources.sequence import DEFAULT_SILENCE_SECS, SequenceTracker, Verdict
 from logrouter.sources.stream import STREAM_OPTIONS
 from logrouter.sources.zmq_receiver import PULL, ROUTER, SUB, Received, SocketSpec, ZmqReceiver
@@ -75,7 +81,6 @@ from logrouter.spool.segment import MAX_PAYLOAD
 from logrouter.wire import logjam as wire
 from logrouter.wire.errors import detached
 
-_MAX_NS = (1 << 63) - 1
 #: how often silence is checked: the importer's heartbeat tick (5 one-second ticks)
 LIVENESS_SECS = 5.0
 _STOP_POLL_SECS = 0.05
@@ -117,15 +122,14 @@ class Request:
     __slots__ = ("decoded", "reply_first", "size")
 
     def __init__(self, decoded: Any, reply_first: bytes | None, size: int = 0) -> None:
-        self.decoded = decoded  # LogjamMessage, Heartbeat, Ping or LogjamDecodeError
+        self.decoded = decoded  # LogjamMessage, ScannedMessage, Heartbeat, Ping or LogjamDecodeError
         self.reply_first = reply_first  # the frame a reply echoes; None = no reply owed
         self.size = size  # the body's JSON text, decompressed (what batches are sized by)
 
 
-def _legacy_message(frames: list[bytes], max_body_bytes: int, now_ms: int) -> tuple[wire.LogjamMessage, int]:
-    """A 3-frame PULL message of a producer from before meta-info (the device makes the meta)."""
-    meta = wire.encode_meta(wire.Meta(wire.NONE, 0, now_ms, 0))
-    return wire.decode_message_sized([*frames, meta], max_body_bytes, max_body_bytes)  # type: ignore[return-value]
+def _legacy_frames(frames: list[bytes], now_ms: int) -> list[bytes]:
+    """A 3-frame PULL message of a producer from before meta-info, with the meta the device makes."""
+    return [*frames, wire.encode_meta(wire.Meta(wire.NONE, 0, now_ms, 0))]
 
 
 def _time_field_checker(value: list[Any]) -> None:
@@ -201,9 +205,7 @@ class LogjamSource(SourceBase):
         )
         self.tag = TagTemplate(options["tag"])
         self._tags: dict[tuple[str, str, str], str] = {}
-        prefix = options["metadata_prefix"]
-        self.metadata_keys = tuple(prefix + name for name in wire.METADATA_NAMES) if prefix else ()
-        self.time_fields = tuple(options["time_fields"])
+        self.batches = LogjamBatches(options["metadata_prefix"], options["time_fields"])
         self.fqdn = options["fqdn"] or socket.getfqdn()
         self.max_body_bytes = options["max_body_bytes"]
         self.max_decompressed_bytes = options["max_decompressed_bytes"]
@@ -343,19 +345,18 @@ class LogjamSource(SourceBase):
             decoded, size = self._decode_or_error(frames, limits)
             return Request(decoded, first, size)
         if kind == PULL and len(frames) == 3:
-            try:
-                now_ms = int(self.reactor.seconds() * 1000)
-                message, size = _legacy_message(frames, self.max_body_bytes, now_ms)
-                return Request(message, None, size)
-            except wire.LogjamDecodeError as e:
-                return Request(detached(e), None)
+            frames = _legacy_frames(frames, int(self.reactor.seconds() * 1000))
+            limits = (self.max_body_bytes, self.max_body_bytes)
         decoded, size = self._decode_or_error(frames, limits)
         return Request(decoded, None, size)
 
-    @staticmethod
-    def _decode_or_error(frames: list[bytes], limits: tuple[int, int]) -> tuple[Any, int]:
+    def _decode_or_error(self, frames: list[bytes], limits: tuple[int, int]) -> tuple[Any, int]:
+        batches = self.batches
         try:
-            return wire.decode_message_sized(frames, *limits)
+            decoded, size = wire.decode_message_sized(frames, *limits, undecoded=batches.native)
+            if decoded.__class__ is wire.UndecodedMessage:
+                decoded = batches.read(decoded, int(self.reactor.seconds() * NANOS))
+            return decoded, size
         except wire.LogjamDecodeError as e:
             return detached(e), 0  # kept in the chunk: no traceback tying the receiver's frames to it
 
@@ -372,35 +373,26 @@ class LogjamSource(SourceBase):
     def _take(self, chunk: list[Received]) -> None:
         self.last_received = self.reactor.seconds()
         now_ns = int(self.last_received * NANOS)
-        # per tag: the events, the reply each owes (None: none) and its size
+        # per tag: the messages, the reply each owes (None: none) and its size
         groups: dict[str, tuple[list[Any], list[list[bytes] | None], list[int]]] = {}
         specs = self.specs
-        metadata_keys = self.metadata_keys
         tracker = self.tracker
         for item in chunk:
             request = item.decoded
             decoded = request.decoded if request.__class__ is Request else request
             spec = specs[item.socket]
             kind = decoded.__class__
-            if kind is wire.LogjamMessage:
+            if kind is ScannedMessage or kind is wire.LogjamMessage:
                 self.messages += 1
                 meta = decoded.meta
                 if spec.kind == SUB and tracker.observe(spec.endpoint, meta.device, meta.sequence) is not Verdict.NEW:
                     self.duplicates_dropped += 1
                     continue
-                record = dict(decoded.body)
-                if metadata_keys:
-                    app_key, env_key, topic_key, device_key, sequence_key = metadata_keys
-                    record[app_key] = decoded.app
-                    record[env_key] = decoded.env
-                    record[topic_key] = decoded.topic
-                    record[device_key] = meta.device
-                    record[sequence_key] = meta.sequence
                 tag = self._tag_of(decoded.app, decoded.env, decoded.topic)
                 group = groups.get(tag)
                 if group is None:
                     group = groups[tag] = ([], [], [])
-                group[0].append((self._time_of(decoded.body, meta.created_ms, now_ns), record))
+                group[0].append(decoded)
                 first = request.reply_first
                 group[1].append(None if first is None else [item.identity, first, wire.ACCEPTED])
                 group[2].append(request.size + MESSAGE_OVERHEAD_BYTES)
@@ -420,9 +412,9 @@ class LogjamSource(SourceBase):
                 self._dropped(item, spec, decoded)
                 if request.__class__ is Request and request.reply_first is not None:
                     self._bad_request(item, request.reply_first)
-        for tag, (events, replies, sizes) in groups.items():
+        for tag, (messages, replies, sizes) in groups.items():
             for start, end in split_by_size(sizes, BATCH_BYTES):
-                self._store(tag, events[start:end], replies[start:end])
+                self._store(tag, messages[start:end], replies[start:end], now_ns)
 
     def _dropped(self, item: Received, spec: SocketSpec, error: Any) -> None:
         if isinstance(error, wire.LogjamDecodeError):
@@ -430,10 +422,11 @@ class LogjamSource(SourceBase):
         else:  # a bug in decoding: still only this message's loss, but say what it was
             self.drops.drop("internal", f"{type(error).__name__}: {error} (from {spec.kind.upper()} {spec.endpoint})")
 
-    def _store(self, tag: str, events: list[Any], replies: list[list[bytes] | None]) -> defer.Deferred:
-        """Store one batch; its ROUTER replies (``None``: none owed) leave once it is durable.
-        Fires when every message of it is stored or refused."""
-        d = self.router.ingest(Batch(tag, events, self.name, json_values=True))
+    def _store(self, tag: str, messages: list[Any], replies: list[list[bytes] | None], now_ns: int) -> defer.Deferred:
+        """Store one batch of messages received ``now_ns``; its ROUTER replies (``None``:
+        none owed) leave once it is durable. Fires when every message of it is stored or
+        refused."""
+        d = self.router.ingest(self.batches.batch(tag, messages, now_ns, self.name))
         self.pending.add(d)
 
         def durable(_: Any) -> None:
@@ -443,17 +436,20 @@ class LogjamSource(SourceBase):
                     self._send_router(frames)
 
         def failed(failure: Any) -> Any:
-            if failure.check(UnstorableBatch) and len(events) > 1:
+            if failure.check(UnstorableBatch) and len(messages) > 1:
                 # One message too large or unencodable must not cost the others: halves
                 # until each part is stored or is that message alone.
-                half = len(events) // 2
-                parts = [self._store(tag, events[:half], replies[:half]), self._store(tag, events[half:], replies[half:])]
+                half = len(messages) // 2
+                parts = [
+                    self._store(tag, messages[:half], replies[:half], now_ns),
+                    self._store(tag, messages[half:], replies[half:], now_ns),
+                ]
                 return defer.DeferredList(parts, consumeErrors=True)
-            self.store_failures += len(events)
+            self.store_failures += len(messages)
             if failure.check(UnstorableBatch):
                 self.log.warn(
                     "logjam source {name}: {count} message(s) tagged {tag} cannot be stored: {error}",
-                    name=self.name, count=len(events), tag=tag, error=failure.getErrorMessage(),
+                    name=self.name, count=len(messages), tag=tag, error=failure.getErrorMessage(),
                 )
                 for frames in replies:
                     if frames is not None:
@@ -488,12 +484,6 @@ class LogjamSource(SourceBase):
                 self._tags.clear()
             tag = self._tags[key] = self.tag.render({"app": app, "env": env, "topic": topic})
         return tag
-
-    def _time_of(self, body: dict[str, Any], created_ms: int, now_ns: int) -> int:
-        fallback = now_ns
-        if created_ms and created_ms * 1_000_000 <= _MAX_NS:
-            fallback = created_ms * 1_000_000
-        return time_from_fields(body, self.time_fields, fallback)
 
     # -- liveness ---------------------------------------------------------------------------
 

@@ -32,7 +32,9 @@ What this codec decides:
   ``max_decompressed_bytes`` before anything is allocated, and must match what the block
   decompresses to; zlib is inflated with a bound. The body frame itself may not exceed
   ``max_body_bytes``. The decompressed body must be a UTF-8 JSON object (section 6) and
-  is returned as a ``dict``.
+  is returned as a ``dict``; or, where the caller reads the text itself (``undecoded``:
+  the source's native read, ``logrouter.sources.logjam_native``), left as it is in an
+  ``UndecodedMessage``, which ``decode_body`` decodes as ``decode_message`` would have.
 - Every problem raises ``LogjamDecodeError`` (a ``DecodeError``, never fatal: one bad
   message costs only itself) with a human ``reason`` and a machine ``kind`` from
   ``ERROR_KINDS`` so that a source can count drops per kind.
@@ -75,8 +77,10 @@ __all__ = [
     "PING",
     "SNAPPY",
     "TOPIC_PREFIXES",
+    "UndecodedMessage",
     "ZLIB_COMPRESSION",
     "compress_body",
+    "decode_body",
     "decode_message",
     "decode_message_sized",
     "decode_meta",
@@ -170,6 +174,17 @@ class LogjamMessage(NamedTuple):
     @property
     def stream(self) -> str:
         return f"{self.app}-{self.env}"
+
+
+class UndecodedMessage(NamedTuple):
+    """A data message whose ``body`` is its text, decompressed but not decoded (not yet
+    known to be a JSON object: ``decode_body`` says)."""
+
+    app: str
+    env: str
+    topic: str
+    body: bytes
+    meta: Meta
 
 
 class Heartbeat(NamedTuple):
@@ -318,9 +333,11 @@ def decode_message_sized(
     frames: Sequence[bytes],
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     max_decompressed_bytes: int = DEFAULT_MAX_DECOMPRESSED_BYTES,
-) -> tuple[LogjamMessage | Heartbeat, int]:
+    undecoded: bool = False,
+) -> tuple[LogjamMessage | UndecodedMessage | Heartbeat, int]:
     """``decode_message``, and the size of the body's JSON text once decompressed (for a
-    heartbeat, of its body frame as sent)."""
+    heartbeat, of its body frame as sent). With ``undecoded`` a data message's body is
+    not decoded: the message is an ``UndecodedMessage``."""
     if len(frames) != 4:
         raise LogjamDecodeError("frames", f"message has {len(frames)} frames, not 4")
     stream, topic_frame, body, meta_frame = frames
@@ -334,7 +351,15 @@ def decode_message_sized(
     app, env = split_stream_name(bytes(stream))
     topic = _ascii(bytes(topic_frame), "topic", "topic")
     data = decompress_body(bytes(body), meta.compression, max_decompressed_bytes)
+    if undecoded:
+        return UndecodedMessage(app, env, topic, data, meta), len(data)
     return LogjamMessage(app, env, topic, _json_object(data), meta), len(data)
+
+
+def decode_body(message: UndecodedMessage) -> LogjamMessage:
+    """The ``LogjamMessage`` of an undecoded one: its body decoded, or ``LogjamDecodeError``
+    (kind ``body``) as ``decode_message`` raises it."""
+    return LogjamMessage(message.app, message.env, message.topic, _json_object(message.body), message.meta)
 
 
 def encode_message(

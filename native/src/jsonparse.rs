@@ -467,7 +467,7 @@ pub struct Top<'a> {
     pub containers: Vec<(usize, usize, usize)>,
 }
 
-fn write_str(o: &mut Vec<u8>, s: &[u8]) {
+pub fn write_str(o: &mut Vec<u8>, s: &[u8]) {
     let n = s.len();
     if n < 32 {
         o.push(0xa0 | n as u8);

@@ -19,6 +19,7 @@ pub mod frame;
 pub mod json;
 pub mod jsondoc;
 pub mod jsonparse;
+pub mod logjam;
 pub mod reader;
 
 /// Run `work` without the GIL; a panic (a bug, never an input's doing) becomes a
@@ -436,6 +437,9 @@ fn logrouter_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(entries_at, m)?)?;
     m.add_function(wrap_pyfunction!(check_documents, m)?)?;
     m.add_function(wrap_pyfunction!(scan_documents, m)?)?;
+    m.add_function(wrap_pyfunction!(logjam::scan_logjam, m)?)?;
+    m.add_class::<logjam::LogjamReader>()?;
+    m.add_function(wrap_pyfunction!(logjam::join_logjam, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -103,6 +103,53 @@ def _beats(keep_metadata: bool) -> tuple[bytes, Batch, tuple | None]:
     return encode_batch(batch), batch, None
 
 
+class _Receiver:
+    def send(self, index: int, frames: list[bytes]) -> None:
+        pass
+
+    def done(self) -> None:
+        pass
+
+
+LOGJAM_BODIES = [
+    {"started_ms": 1_700_000_000_123, "action": "a#b", "request": {"path": "/x", "params": [1, 2.5, None]}},
+    {"started_at": "2026-11-24T06:00:00.5Z", "u": "\u00e9\u2603", "started_ms": None},
+    {"started_ms": 1_700_000_001_234.567, "l": [True, {"k": "v"}]},
+    {"message": "no time field: the meta's created_ms"},
+]
+
+
+def _logjam() -> tuple[bytes, Batch, tuple | None]:
+    """logjam messages through the logjam source's decode and reactor side, stored as it
+    stores them: with the native extension the bodies (``logjam-bodies``), without it
+    (and before issue 33) the records."""
+    from twisted.internet import task
+
+    import source_fakes
+    from logrouter.sources.logjam import LogjamSource
+    from logrouter.sources.zmq_receiver import PULL, Received
+    from logrouter.wire import logjam as wire
+
+    router = source_fakes.FakeRouter()
+    clock = task.Clock()
+    clock.advance(source_fakes.T0)
+    options = {key: option.default for key, option in LogjamSource.OPTIONS.items()}
+    options["listen_pull"] = "tcp://127.0.0.1:*"
+    source = LogjamSource("jam", options, source_fakes.fake_context(router, clock))
+    source.receiver = _Receiver()
+    chunk = []
+    for n, body in enumerate(LOGJAM_BODIES):
+        meta = wire.Meta(wire.ZLIB_COMPRESSION, 3, 0 if n else T0 * 1000 + 7, 40 + n)
+        if n == 3:
+            meta = meta._replace(created_ms=T0 * 1000 + 9)
+        frames = wire.encode_message("shop-app", "prod", "logs", body, meta)
+        chunk.append(Received(0, None, source.decode(PULL, frames), sum(map(len, frames))))
+    source.received(chunk)
+    (live,) = router.batches
+    batch = Batch(live.tag, live.events, "jam", packed=live.packed, json_values=live.json_values)
+    return encode_batch(batch), batch, None
+
+
 ODD_ENTRIES = [
     [_event_time(T0, 5), {"msg": "hello", "n": 1}],
     [0, {"msg": "time zero gets now"}],
@@ -147,6 +194,9 @@ MAKERS: dict[str, Callable[[], tuple[bytes, Batch, tuple | None]]] = {
     "v3-forward-no-clock": lambda: _forward([[_event_time(T0), {"a": 1}], [T0, {"b": 2}]], None),
     "v3-json-documents": lambda: _beats(keep_metadata=True),
     "v3-json-documents-drop-metadata": lambda: _beats(keep_metadata=False),
+    # made by the logjam source before issue 33 (records), and with the native read
+    "v2-logjam-records": _logjam,
+    "v3-logjam-bodies": _logjam,
 }
 
 
