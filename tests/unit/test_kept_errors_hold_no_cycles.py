@@ -14,10 +14,13 @@ from __future__ import annotations
 import gc
 import struct
 import weakref
+from types import SimpleNamespace
 
 import pytest
+from twisted.internet import task
 
 from logrouter.sources.logjam import LogjamSource
+from logrouter.sources.logjam_native import LogjamBatches
 from logrouter.wire import lumberjack as lj
 from logrouter.wire.errors import detached
 from logrouter.wire.inflate import InflateError, StreamInflater
@@ -71,9 +74,16 @@ def test_a_failed_inflater_keeps_no_traceback(collector_off) -> None:
     assert unreachable_after(decode) == 0
 
 
-def test_a_logjam_message_that_does_not_decode_keeps_no_traceback(collector_off) -> None:
+@pytest.mark.parametrize("native", [True, False])
+def test_a_logjam_message_that_does_not_decode_keeps_no_traceback(collector_off, native: bool) -> None:
+    # the receiver thread's decode (a source's state: its batches' native reader, the clock)
+    batches = LogjamBatches("logjam_", ["started_ms"])
+    if not native:
+        batches.native = False
+    source = SimpleNamespace(batches=batches, reactor=task.Clock())
+
     def decode() -> None:
-        error, size = LogjamSource._decode_or_error([b"app-env", b"topic", b"{not json", b"\x00" * 24], (1 << 20, 1 << 20))
+        error, size = LogjamSource._decode_or_error(source, [b"app-env", b"topic", b"{not json", b"\x00" * 24], (1 << 20, 1 << 20))
         assert size == 0
         assert isinstance(error, Exception) and error.__traceback__ is None and error.__context__ is None
         chunk = [error]  # as the receiver keeps it until the reactor takes the chunk
