@@ -67,6 +67,8 @@ BUILTIN_MODULES = tuple(dict.fromkeys(module for types in BUILTIN_TYPES.values()
 STORED_FORMATS: dict[str, str] = {
     "forward": "logrouter.sources.fluent_forward",
     "json-documents": "logrouter.sources.events",
+    "lumberjack-zlib": "logrouter.sources.compressed_documents",
+    "log-courier-zlib": "logrouter.sources.compressed_documents",
 }
 
 #: Modules that register config sections and checks (``logrouter.config.sections``), in
