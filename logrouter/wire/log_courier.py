@@ -18,7 +18,8 @@ and the limits on them. It exports the other two's public names, so users import
 Framing: 4 ASCII type bytes, u32 BE body length, body (section 2). What this codec decides:
 
 - Payloads come whole: a ``Payload`` frame is returned once its ``JDAT`` body, or its
-  ``EVNT`` zlib stream, is complete, with all its events. Memory and work per payload
+  ``EVNT`` zlib stream, is complete, with all its events, and the zlib stream as it came
+  (``Payload.compressed``, which the spool may store instead of the documents). Memory and work per payload
   are bounded by ``max_payload_bytes`` (a ``JDAT`` body, checked from the header; the
   nonce plus compressed stream of an ``EVNT``, checked as it streams),
   ``max_decompressed_bytes`` (inflated records), ``max_event_bytes`` (one record, from

@@ -42,6 +42,9 @@ the section numbers in comments refer to it. Summary of what this codec decides:
   frames, and the same error at the same place (its ``messages`` carry what that call
   decoded before it). A ``C`` frame is all or nothing: when anything inside it is bad,
   none of its frames is returned.
+- A top-level ``C`` frame that holds only ``J`` frames of one ``Events`` leaves its
+  payload with it, the very ``bytes`` inflated (``Events.payloads``): the spool may
+  store those instead of the documents (``logrouter.sources.compressed_documents``).
 """
 
 from __future__ import annotations

@@ -351,3 +351,70 @@ def test_a_window_stored_compressed_replays_to_what_its_documents_stored_plainly
     for got, want, live in zip(compressed, plainly, batch.events):
         assert got[0] == want[0] == live[0]
         assert same(got[1], want[1]) and same(got[1], live[1])
+
+
+# -- the codecs keep the same payloads however the stream is split ------------------------------------
+
+PIECES = st.sampled_from(["plain", "c", "c", "w-in-c", "nested", "bad-doc", "w"])
+
+
+@fuzz_settings(max_examples=60)
+@given(st.lists(PIECES, min_size=1, max_size=6), st.lists(st.integers(1, 4000), max_size=4))
+def test_kept_payloads_are_all_of_their_group_however_the_stream_is_split(pieces, cuts):
+    """Whatever mix of frames arrives, split anywhere: a group whose frames all came in
+    kept payloads has exactly the documents those inflate to."""
+    data = bytearray(lj.encode_window(3))
+    seq = 0
+
+    def j(doc: Any = None) -> bytes:
+        nonlocal seq
+        seq += 1
+        return lj.encode_json(seq, {"n": seq} if doc is None else doc)
+
+    for piece in pieces:
+        if piece == "plain":
+            data += j()
+        elif piece == "c":
+            data += _c(j() + j())
+        elif piece == "w-in-c":
+            data += _c(lj.encode_window(2) + j())
+        elif piece == "nested":
+            data += _c(_c(j()) + j())
+        elif piece == "bad-doc":
+            data += _c(j() + j(b"[1]"))
+        else:
+            data += lj.encode_window(2)
+    data = bytes(data)
+    decoder = lj.LumberjackDecoder(keep_documents=True)
+    out: list[Any] = []
+    start = 0
+    for cut in sorted({c for c in cuts if c < len(data)} | {len(data)}):
+        out += decoder.feed(data[start:cut])
+        start = cut
+    for events in out:
+        if not isinstance(events, lj.Events) or not events.payloads or events.payload_frames != events.frames:
+            continue
+        inflated = [zlib.decompress(p) for p in events.payloads]
+        assert sum(map(len, inflated)) == events.inflated_bytes
+        documents = [d for part in inflated for d in json_frame_documents(part)]
+        assert len(documents) == events.frames
+        if events.undecoded:
+            assert [bytes(d) for d in events.documents] == documents
+
+
+@fuzz_settings(max_examples=40)
+@given(st.lists(st.integers(1, 3000), max_size=5), st.booleans())
+def test_a_log_courier_payload_s_stream_is_kept_whole_however_it_is_split(cuts, streamed):
+    encode = lc.encode_evnt if streamed else lc.encode_jdat
+    first = encode(b"a" * 16, [filebeat(i) for i in range(20)])
+    second = encode(b"b" * 16, [filebeat(i) for i in range(20, 25)])
+    data = first + second + lc.encode_ping()
+    decoder = lc.LogCourierDecoder()
+    out: list[Any] = []
+    start = 0
+    for cut in sorted({c for c in cuts if c < len(data)} | {len(data)}):
+        out += decoder.feed(data[start:cut])
+        start = cut
+    payloads = [f for f in out if isinstance(f, lc.Payload)]
+    assert [p.compressed for p in payloads] == [first[24:], second[24:]]
+    assert [p.inflated_bytes for p in payloads] == [len(zlib.decompress(first[24:])), len(zlib.decompress(second[24:]))]
