@@ -112,8 +112,9 @@ class Batch:
 
 class Routing:
     """One routing of the spool record at ``position`` (ending at ``end``; ``size``: the
-    bytes a sink's queue counts for it, ``Batch.charge``) to the sinks named in ``targets``; ``dry``: to none of them, for the filters'
-    memory only (``logrouter.filters.memory``). Each routing is a new object: the batches
+    bytes a sink's queue counts for it, ``Batch.charge``) to the sinks named in
+    ``targets``; ``dry``: to none of them, for the filters' memory only
+    (``logrouter.filters.memory``). Each routing is a new object: the batches
     a filter is handed with the same one come from one routing of one record."""
 
     __slots__ = ("position", "end", "size", "targets", "dry")
