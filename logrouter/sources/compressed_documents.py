@@ -5,8 +5,10 @@ stream (``log-courier-zlib``).
 A Filebeat window of 2048 events comes as one ``C`` frame of ~70 KB that inflates to
 ~2 MB of JSON; storing the documents (``json-documents``) writes, checksums and fsyncs
 those 2 MB. These formats store the compressed bytes the codec read off the wire
-(``Events.payloads``, ``Payload.compressed``: the very ``bytes`` it inflated, no copy
-made for the spool), with what the events were read with (``now``, ``drop_metadata``)
+(``Events.payloads``: the very ``bytes`` the Beats codec inflated, which it cut out of
+its read buffer anyway, so no copy is made for the spool; ``Payload.compressed``: the
+Log Courier codec's one copy of the zlib stream out of its read buffer, which it then
+inflates, a twenty-fifth of the documents' size), with what the events were read with (``now``, ``drop_metadata``)
 and the size they inflated to. A replay (a restart, a sink reading the spool after its
 queue overflowed) inflates them within that size, cuts out the documents as the codec
 did (``J`` frames: ``lumberjack_frames.json_frame_documents``; ``u32`` length-prefixed
