@@ -18,6 +18,13 @@ thread over it) holds records at their size on disk rather than several times th
 Python objects, and the decode runs in the sink's thread. A failed decode raises from
 ``events``. ``materialized`` gives a batch that holds its events.
 
+``held_bytes`` is what the batch's events hold in memory, where its source or the
+spool's stored format knows it and it may be far more than the spool record (a Beats
+window stored compressed as it arrived: ~25 times fewer bytes than the documents it
+inflates to, and the native scan's entries beside them). A sink's queue is bounded in
+memory (``max_queue_bytes``): each record counts ``charge(record bytes)``, the larger of
+the two. 0: the record's size stands for it (a deferred batch holds just the record).
+
 ``json_values`` says the records hold nothing but what JSON decodes to (dicts with str
 keys, lists, str, int, float, bool, None) and bytes, as the JSON sources (and Pravega's
 raw payloads) build them: the spool then encodes them with a faster encoder
@@ -39,16 +46,23 @@ Event = tuple[int, dict[str, Any]]
 class Batch:
     """A tag with its events, plus the name of the source that produced it."""
 
-    __slots__ = ("tag", "_events", "source", "packed", "json_values", "_decode")
+    __slots__ = ("tag", "_events", "source", "packed", "json_values", "_decode", "held_bytes")
 
     def __init__(
-        self, tag: str, events: list[Event], source: str = "", packed: tuple | None = None, json_values: bool = False
+        self,
+        tag: str,
+        events: list[Event],
+        source: str = "",
+        packed: tuple | None = None,
+        json_values: bool = False,
+        held_bytes: int = 0,
     ) -> None:
         self.tag = tag
         self._events = events
         self.source = source
         self.packed = packed
         self.json_values = json_values
+        self.held_bytes = held_bytes
         self._decode: Callable[[], list[Event]] | None = None
 
     @classmethod
@@ -68,6 +82,12 @@ class Batch:
     @property
     def is_deferred(self) -> bool:
         return self._events is None
+
+    def charge(self, record_bytes: int) -> int:
+        """The bytes a sink's queue counts for this batch of a spool record of
+        ``record_bytes``: what its events hold in memory, where that is known and more."""
+        held = self.held_bytes
+        return held if held > record_bytes else record_bytes
 
     def materialized(self) -> "Batch":
         """This batch, or for a deferred one a batch holding its decoded events."""
@@ -91,9 +111,10 @@ class Batch:
 
 
 class Routing:
-    """One routing of the spool record at ``position`` (ending at ``end``, ``size`` payload
-    bytes) to the sinks named in ``targets``; ``dry``: to none of them, for the filters'
-    memory only (``logrouter.filters.memory``). Each routing is a new object: the batches
+    """One routing of the spool record at ``position`` (ending at ``end``; ``size``: the
+    bytes a sink's queue counts for it, ``Batch.charge``) to the sinks named in
+    ``targets``; ``dry``: to none of them, for the filters' memory only
+    (``logrouter.filters.memory``). Each routing is a new object: the batches
     a filter is handed with the same one come from one routing of one record."""
 
     __slots__ = ("position", "end", "size", "targets", "dry")

@@ -12,7 +12,9 @@ once the sink was handed everything routed so far it goes live.
 
 A sink that reads events in its own thread (``DEFERRED_EVENTS``) is handed the records of
 sources routed straight to it still encoded (``Batch.deferred``): its queue holds them at
-their spool size and it decodes them itself. Through a filter the events are read on the
+their spool size and it decodes them itself. Every other batch counts in the sink's queue
+as ``Batch.charge`` says: what it holds in memory where its stored format knows that (a
+record stored compressed), else its spool size. Through a filter the events are read on the
 reactor, so those are decoded in the read thread.
 
 A read started before the sink fell behind again (its ``epoch`` moved) is discarded when
@@ -69,7 +71,7 @@ def read_records(
         try:
             batch = decode(record.offset, record.payload, deferred)
             if batch.is_deferred and batch.source in filtered:
-                batch = batch.materialized()
+                batch = decode(record.offset, record.payload, False)  # with what it holds (Batch.held_bytes)
             decoded.append((record, batch))
         except Exception as e:  # noqa: BLE001 - reported and skipped by apply
             decoded.append((record, detached(e)))  # no traceback holding the whole read
@@ -126,7 +128,8 @@ class CatchUp:
                     self.log.error("spool record at {position} cannot be decoded ({error}); skipped",
                                    position=record.offset, error=batch)
                 else:
-                    self.host.route(batch, Routing(record.offset, record.end, len(record.payload), feed.targets))
+                    size = batch.charge(len(record.payload))  # memory, for a record stored compressed
+                    self.host.route(batch, Routing(record.offset, record.end, size, feed.targets))
                 feed.moved(record.end)
             else:
                 if next_position > feed.delivered:

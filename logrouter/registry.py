@@ -68,6 +68,8 @@ STORED_FORMATS: dict[str, str] = {
     "forward": "logrouter.sources.fluent_forward",
     "json-documents": "logrouter.sources.events",
     "logjam-bodies": "logrouter.sources.logjam_native",
+    "lumberjack-zlib": "logrouter.sources.compressed_documents",
+    "log-courier-zlib": "logrouter.sources.compressed_documents",
 }
 
 #: Modules that register config sections and checks (``logrouter.config.sections``), in

@@ -154,7 +154,9 @@ class Router:
 
     def route_stored(self, batch: Batch, position: int, end: int, size: int) -> None:
         """A batch is durable at ``position`` (to ``end``, ``size`` payload bytes): hand it
-        to every live sink, through the filters on its routes."""
+        to every live sink, through the filters on its routes. Sinks and the recent
+        batches count it as ``batch.charge(size)``: what it holds in memory, where known."""
+        size = batch.charge(size)
         self.routed_end = end
         self.store_times.stored(position, self.reactor.seconds(), self.min_cursor)
         if self.paused:

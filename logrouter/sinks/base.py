@@ -8,7 +8,8 @@ two numbers and one callback:
 * ``cursor``: every record before this spool position is done for good (committed
   into the lake, acked by the next hop); the spool keeps what lies after it, and a
   restart resumes from it.
-* ``queued_bytes``: memory held for records handed over but not done; above
+* ``queued_bytes``: memory held for records handed over but not done (``size`` is
+  ``Batch.charge``: what the batch holds, where known, else its spool bytes); above
   ``max_queue_bytes`` the router holds the sources that can push back until it drains
   (at most ``hold_sources_secs``), then stops feeding the sink live and lets it catch
   up from the spool later, so a slow sink costs disk, not memory.
@@ -31,8 +32,10 @@ from logrouter.sinks.state import SinkState
 
 SINK_OPTIONS: dict[str, Option] = {
     "max_queue_bytes": Option(
-        int, 8 << 20, "records handed to the sink and not yet done, counted in spool bytes (decoded records take several "
-        "times that in memory); beyond it the sources are held (`hold_sources_secs`), then the sink reads from the spool",
+        int, 8 << 20, "records handed to the sink and not yet done, counted as what their batches hold in memory where that "
+        "is known (Beats and Log Courier events: their documents and the native scan's output, not the far smaller compressed "
+        "record), else in spool bytes (decoded records take several times that); beyond it the sources are held "
+        "(`hold_sources_secs`), then the sink reads from the spool",
         positive
     ),
     "hold_sources_secs": Option(

@@ -19,7 +19,10 @@ from logrouter.sinks.stdout import CursorOnly
 
 @registry.sink("blackhole")
 class BlackholeSink(CursorOnly):
-    COUNTERS = {"spool_bytes": "spool bytes of the records handed over"}
+    COUNTERS = {
+        "spool_bytes": "bytes of the records handed over, as a sink's queue counts them: spool bytes, or what a batch "
+        "holds in memory where that is known and more (Beats, Log Courier)"
+    }
     OPTIONS = {
         "log_secs": Option((int, float), 0, "log events and events/s this often (0 = never)", non_negative),
         **SINK_OPTIONS,

@@ -31,6 +31,10 @@ Point a Log Courier shipper (``network.transport`` ``tcp`` or ``tls``) at it. Th
 - Events: each JSON object is a record; ``@timestamp`` gives the event time and ``tag``
   (a template, as for ``lumberjack``) the batch's tag (``logrouter.sources.events``). A
   record that is not a JSON object is kept as ``{"message": text}`` and counted.
+- **Stored as it arrived:** a payload that makes one batch of JSON objects is stored as
+  its zlib stream, compressed as the shipper sent it (``log-courier-zlib``,
+  ``logrouter.sources.compressed_documents``); one split by tag or with a record that is
+  no object, as its documents or its records.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from logrouter.batch import Batch
 from logrouter.config.endpoints import listen_option
 from logrouter.config.options import Option, non_negative, positive
 from logrouter.sources.acks import AckingConnection, AckingSource
+from logrouter.sources.compressed_documents import LOG_COURIER_ZLIB, store_compressed
 from logrouter.sources.events import NANOS, TagTemplate, batch_builder, check_tag
 from logrouter.sources.json_native import NativeReads
 from logrouter.sources.stream import StreamProtocol, StreamSource
@@ -133,6 +138,7 @@ class LogCourierProtocol(AckingConnection, StreamProtocol):
             # (one batch), else decoded here (keeping those that are no JSON object as text).
             read = source.native_reads.read(payload.documents, now)
             if read is not None:
+                self._store_compressed(read[0], payload)
                 step = self.acks.add(payload.nonce, len(payload.events), 1)
                 self.submit(read[0], self.acks.on_durable(step), payload.nonce)
                 return
@@ -151,9 +157,17 @@ class LogCourierProtocol(AckingConnection, StreamProtocol):
         # batches are stored as records.
         documents = None if payload.invalid else payload.documents
         batches = source.batches(payload.events, now, documents)
+        if len(batches) == 1:
+            self._store_compressed(batches[0], payload)
         step = self.acks.add(payload.nonce, len(payload.events), len(batches))
         for batch in batches:
             self.submit(batch, self.acks.on_durable(step), self._key(payload.nonce, batch, len(batches)))
+
+    @staticmethod
+    def _store_compressed(batch: Batch, payload: wire.Payload) -> None:
+        """The spool stores the payload's zlib stream as it came, when the batch is all of it."""
+        compressed = [] if payload.compressed is None else [payload.compressed]
+        store_compressed(batch, LOG_COURIER_ZLIB, compressed, payload.inflated_bytes, len(payload.events))
 
     @staticmethod
     def _key(nonce: bytes, batch: Batch, count: int) -> bytes:

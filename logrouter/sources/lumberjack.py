@@ -25,6 +25,12 @@ them, and answers with ``A`` frames only once events are durable:
   connection with a log line naming the limit. The events the same read brought before
   it are stored and acknowledged first; a bad ``C`` frame gives none of its events.
 
+The spool stores a batch as the documents it was read from (``json-documents``), or,
+when the batch is all of a window's events and they came in ``C`` frames holding
+nothing else, as those frames' compressed payloads (``lumberjack-zlib``,
+``logrouter.sources.compressed_documents``): ~25 times fewer bytes to write for
+Filebeat's windows. Either replays to the same events.
+
 Events become ``(time_ns, record)``: the JSON object of a ``J`` frame (the key/value
 strings of a ``D`` frame) with its fields intact, the time taken from ``@timestamp``
 (RFC 3339) when it parses, else the time of arrival. The tag is the ``tag`` option, which
@@ -40,6 +46,7 @@ from logrouter.config.endpoints import listen_option
 from logrouter.config.options import Option, non_negative, positive
 from logrouter.sources import event_keys
 from logrouter.sources.acks import AckingConnection, AckingSource
+from logrouter.sources.compressed_documents import LUMBERJACK_ZLIB, store_compressed
 from logrouter.sources.json_native import NativeReads
 from logrouter.sources.events import NANOS, TagTemplate, batch_builder, check_tag, timestamp_ns  # noqa: F401 - re-exported
 from logrouter.sources.stream import StreamProtocol, StreamSource
@@ -97,8 +104,11 @@ class LumberjackProtocol(AckingConnection, StreamProtocol):
                 window=message.window,
                 reason=message.invalid_reason,
             )
+        # The spool stores the C frames' payloads as they came when they hold all of it.
+        compressed = message.payload_frames if message.payload_frames == message.frames else -1
         if read is not None:
             batch, keys = read
+            store_compressed(batch, LUMBERJACK_ZLIB, message.payloads, message.inflated_bytes, compressed)
             step = self.acks.add(message.window, message.ack_seq, 1)
             self.submit(batch, self.acks.on_durable(step), events=keys)
             return
@@ -107,6 +117,8 @@ class LumberjackProtocol(AckingConnection, StreamProtocol):
         # Keys first: the batches may drop @metadata, which holds _id.
         keys = source.event_keys(records) if source.event_keys is not None and records else None
         batches = source.batches(records, now, documents)
+        if len(batches) == 1:
+            store_compressed(batches[0], LUMBERJACK_ZLIB, message.payloads, message.inflated_bytes, compressed)
         step = self.acks.add(message.window, message.ack_seq, len(batches))
         if keys is None:
             for batch in batches:

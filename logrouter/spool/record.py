@@ -61,13 +61,14 @@ def _key(key: list | None) -> tuple | None:
 
 def decode_batch(payload: bytes) -> tuple[Batch, tuple | None]:
     version, source, tag, events, key = msgpack.unpackb(payload, **_UNPACK)
+    held = 0
     if version == PACKED_VERSION:
-        events = formats.decode(events)
+        events, held = formats.decode_held(events)
     elif version not in READABLE_VERSIONS:
         raise ValueError(f"unknown spool record version {version}")
     # Events come back as [time_ns, record] lists (versions 1, 2) or tuples (3); both
     # unpack like the tuples sources build.
-    return Batch(tag, events, source), _key(key)
+    return Batch(tag, events, source, held_bytes=held), _key(key)
 
 
 def decode_deferred(payload: bytes) -> Batch:
@@ -98,12 +99,13 @@ def decode_key(payload: bytes) -> tuple | None:
     return _key(unpacker.unpack())
 
 
-RECENT_BYTES = 4 << 20  # spool bytes of records whose batches are kept for a sink behind
+RECENT_BYTES = 4 << 20  # of batches kept for a sink behind (``Batch.charge``: memory, where known)
 
 
 class RecentBatches:
     """The batches of spool records some sink has still to be handed, by position, up to
-    ``limit`` spool bytes.
+    ``limit`` bytes, each counted as a sink's queue counts it (``Batch.charge``: what
+    it holds in memory, where known and more than its spool record).
 
     A sink that fell behind reads those records back; taking the batch they were encoded
     from saves decoding them again (for a version 3 record that is the whole decode of
@@ -123,6 +125,7 @@ class RecentBatches:
         self._bytes = 0
 
     def add(self, position: int, batch: Batch, size: int) -> None:
+        """Keep ``batch`` of the record at ``position`` (``size``: what it counts)."""
         if self._bytes + size > self.limit:
             return  # full of older batches a sink reads first
         self._batches[position] = batch

@@ -18,7 +18,8 @@ and the limits on them. It exports the other two's public names, so users import
 Framing: 4 ASCII type bytes, u32 BE body length, body (section 2). What this codec decides:
 
 - Payloads come whole: a ``Payload`` frame is returned once its ``JDAT`` body, or its
-  ``EVNT`` zlib stream, is complete, with all its events. Memory and work per payload
+  ``EVNT`` zlib stream, is complete, with all its events, and the zlib stream as it came
+  (``Payload.compressed``, which the spool may store instead of the documents). Memory and work per payload
   are bounded by ``max_payload_bytes`` (a ``JDAT`` body, checked from the header; the
   nonce plus compressed stream of an ``EVNT``, checked as it streams),
   ``max_decompressed_bytes`` (inflated records), ``max_event_bytes`` (one record, from
@@ -161,6 +162,7 @@ class LogCourierDecoder:
         self._stream: StreamInflater | None = None  # the EVNT being inflated
         self._nonce = b""  # of that EVNT
         self._parts: list[bytes] = []  # its inflated content so far
+        self._compressed: list[bytes] = []  # its zlib stream so far, as received
         self._failed: str | None = None
 
     @property
@@ -203,6 +205,7 @@ class LogCourierDecoder:
             self._buffer = bytearray()  # a new one: a traceback may still hold views of the old
             self._stream = None
             self._parts = []
+            self._compressed = []
             error.messages = out
             raise
         return out
@@ -226,13 +229,14 @@ class LogCourierDecoder:
                 body = memoryview(buf)[pos + 8 : stop]
                 try:
                     nonce = bytes(body[:NONCE_BYTES])
-                    try:
-                        content = inflate(body[NONCE_BYTES:], self.max_decompressed_bytes)
-                    except InflateError as e:
-                        raise self._inflate_error("JDAT", e) from None
+                    compressed = bytes(body[NONCE_BYTES:])  # kept as received (Payload.compressed)
                 finally:
                     body.release()
-                out.append(self._payload("JDAT", nonce, content))
+                try:
+                    content = inflate(compressed, self.max_decompressed_bytes)
+                except InflateError as e:
+                    raise self._inflate_error("JDAT", e) from None
+                out.append(self._payload("JDAT", nonce, content, compressed))
                 pos = stop
             elif code == EVNT:
                 if length != STREAMED:
@@ -242,6 +246,7 @@ class LogCourierDecoder:
                     break
                 self._nonce = bytes(buf[pos + 8 : pos + 8 + NONCE_BYTES])
                 self._parts = []
+                self._compressed = []
                 # The nonce counts towards max_payload_bytes as it does in a JDAT body.
                 self._stream = StreamInflater(
                     self.max_decompressed_bytes, max_input=max(self.max_payload_bytes - NONCE_BYTES, 0)
@@ -306,11 +311,15 @@ class LogCourierDecoder:
         if piece:
             self._parts.append(piece)
         if not stream.eof:
+            self._compressed.append(bytes(data))
             return len(data)
+        self._compressed.append(bytes(data[: stream.last_used]))
         content = b"".join(self._parts)
+        compressed = b"".join(self._compressed)
         self._parts = []
+        self._compressed = []
         self._stream = None
-        out.append(self._payload("EVNT", self._nonce, content))
+        out.append(self._payload("EVNT", self._nonce, content, compressed))
         return stream.last_used
 
     def _inflate_error(self, kind: str, error: InflateError) -> DecodeError:
@@ -320,8 +329,10 @@ class LogCourierDecoder:
             return DecodeError(f"{kind} payload exceeds max_payload_bytes {self.max_payload_bytes}")
         return DecodeError(f"{kind} payload: {error.reason}")
 
-    def _payload(self, kind: str, nonce: bytes, content: bytes) -> Payload:
+    def _payload(self, kind: str, nonce: bytes, content: bytes, compressed: bytes) -> Payload:
         payload = decode_records(content, kind, nonce, self.max_event_bytes, self.max_payload_events, self.keep_documents)
+        payload.compressed = compressed
+        payload.inflated_bytes = len(content)
         self.messages += 1
         return payload
 

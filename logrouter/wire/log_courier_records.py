@@ -35,6 +35,9 @@ class Payload:
     rather than encoding the records again).
     Acknowledge with ``encode_ackn(nonce, n)`` once the first ``n`` events are stored.
     With ``undecoded``, ``events`` are the documents, not yet decoded.
+    ``compressed`` is the payload's zlib stream as received and ``inflated_bytes`` what it
+    inflated to (the spool may store the stream instead of the documents:
+    ``logrouter.sources.compressed_documents``).
     """
 
     kind: str  # "JDAT" or "EVNT"
@@ -46,6 +49,8 @@ class Payload:
     #: ``events`` are the documents themselves, undecoded and unchecked (``invalid`` does
     #: not count them yet): read them natively or decode them (``decode_payload``).
     undecoded: bool = False
+    compressed: bytes | None = field(default=None, compare=False, repr=False)
+    inflated_bytes: int = field(default=0, compare=False, repr=False)
 
 
 def decode_records(
@@ -86,6 +91,25 @@ def decode_records(
         return payload
     add_records(payload, raws)
     return payload
+
+
+def record_documents(content: bytes) -> list[bytes]:
+    """The records of an inflated payload as they are (``u32 BE length`` + JSON, back to
+    back), not decoded; ``ValueError`` where the content does not cut into whole records."""
+    documents: list[bytes] = []
+    keep = documents.append
+    unpack = _U32.unpack_from
+    end = len(content)
+    pos = 0
+    while pos < end:
+        if end - pos < 4:
+            raise ValueError(f"a payload ends inside a record length ({end - pos} bytes left over)")
+        start = pos + 4
+        pos = start + unpack(content, pos)[0]
+        if pos > end:
+            raise ValueError(f"a payload ends inside record {len(documents) + 1}")
+        keep(content[start:pos])
+    return documents
 
 
 def add_records(payload: Payload, raws: list[bytes]) -> None:

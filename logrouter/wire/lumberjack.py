@@ -42,6 +42,9 @@ the section numbers in comments refer to it. Summary of what this codec decides:
   frames, and the same error at the same place (its ``messages`` carry what that call
   decoded before it). A ``C`` frame is all or nothing: when anything inside it is bad,
   none of its frames is returned.
+- A top-level ``C`` frame that holds only ``J`` frames of one ``Events`` leaves its
+  payload with it, the very ``bytes`` inflated (``Events.payloads``): the spool may
+  store those instead of the documents (``logrouter.sources.compressed_documents``).
 """
 
 from __future__ import annotations
@@ -190,6 +193,7 @@ class LumberjackDecoder:
         # from the frame's start, fields left, record so far, key awaiting its value).
         self._partial: tuple[int, int, dict[str, str], str | None] | None = None
         self._c_mark: tuple[int, Events | None, tuple[Any, ...]] | None = None  # output before the C frame being decoded
+        self._c_plain = False  # the top-level C frame being decoded held only J frames so far
         self._failed: str | None = None  # the reason of the error that ended the stream
 
     @property
@@ -295,9 +299,14 @@ class LumberjackDecoder:
                     # millions of objects: a GiB of memory and a minute of CPU per frame.
                     self._frames_left = self.max_window_size + 1
                     self._c_mark = self._mark()
+                    self._c_plain = True
+                    out_before, group_before = len(self._out), self._group
+                    frames_before = 0 if group_before is None else group_before.frames
                 else:
                     self._frames_left -= 1
-                inner = self._inflate(bytes(buf[pos + 6 : stop]))
+                    self._c_plain = False
+                payload = bytes(buf[pos + 6 : stop])  # kept as it arrived (Events.payloads)
+                inner = self._inflate(payload)
                 inner_end = len(inner)
                 left = inner_end - self._parse(inner, 0, inner_end, depth + 1)
                 if left:
@@ -305,10 +314,12 @@ class LumberjackDecoder:
                 if depth == 0:
                     self._c_mark = None
                     self._frames_left = _UNBOUNDED
+                    self._keep_payload(payload, inner_end, out_before, group_before, frames_before)
                 pos = stop
             elif kind == WINDOW:
                 self._window_frame(_U32.unpack_from(buf, pos + 2)[0])
                 self._frames_left -= 1
+                self._c_plain = False
                 pos += 6
             elif kind == DATA:
                 stop = self._data_frame(buf, pos, end, depth)
@@ -316,6 +327,7 @@ class LumberjackDecoder:
                     need = -stop
                     break
                 self._frames_left -= 1
+                self._c_plain = False
                 pos = stop
             else:
                 raise self._type_error(kind)
@@ -376,6 +388,20 @@ class LumberjackDecoder:
             group.undecoded = group.undecoded and fields[8]
             del group.seqs[fields[9] :]
         self._c_mark = None
+
+    def _keep_payload(self, payload: bytes, inflated: int, out_before: int, group_before: Events | None, frames_before: int) -> None:
+        """After a top-level ``C`` frame: its payload goes with the group its frames went
+        to (``Events.payloads``) when they were ``J`` frames only, all of that one group."""
+        group = self._group
+        if not self._c_plain or group is None:
+            return
+        if group is not group_before:
+            if group_before is not None or len(self._out) != out_before + 1:
+                return
+            frames_before = 0
+        group.payloads.append(payload)
+        group.payload_frames += group.frames - frames_before
+        group.inflated_bytes += inflated
 
     def _open_group(self) -> Events:
         group = self._group

@@ -34,6 +34,7 @@ __all__ = [
     "encode_json",
     "encode_window",
     "encode_window_frames",
+    "json_frame_documents",
     "version_byte",
 ]
 
@@ -50,6 +51,7 @@ CLIENT_FRAMES = frozenset((WINDOW, DATA, JSON, COMPRESSED))
 _U32 = struct.Struct(">I")
 _HEADER_U32 = struct.Struct(">BBI")
 _HEADER_U32X2 = struct.Struct(">BBII")
+_TAG_U32X2 = struct.Struct(">HII")  # version and frame type as one number, seq, length
 
 
 # -- what the server's decoder returns -----------------------------------------------------
@@ -89,6 +91,12 @@ class Events:
     ``records`` are then the documents themselves, not yet checked (``invalid`` does not
     count them yet), for the caller to read natively (``logrouter.wire.json_lazy``) or
     decode (``lumberjack.decode_group``, which counts the invalid ones).
+
+    ``payloads`` are the payloads of the top-level ``C`` frames (their zlib streams, as
+    received) that held nothing but ``J`` frames of this group, ``payload_frames`` those
+    frames and ``inflated_bytes`` what the payloads inflated to: when ``payload_frames``
+    is ``frames``, the payloads are all of the group as it arrived (the spool may store
+    them instead of the documents: ``logrouter.sources.compressed_documents``).
     """
 
     version: int
@@ -103,6 +111,37 @@ class Events:
     complete: bool = False
     undecoded: bool = field(default=False, compare=False, repr=False)
     seqs: list[int] = field(default_factory=list, compare=False, repr=False)  # of the undecoded documents
+    payloads: list[bytes] = field(default_factory=list, compare=False, repr=False)
+    payload_frames: int = field(default=0, compare=False, repr=False)
+    inflated_bytes: int = field(default=0, compare=False, repr=False)
+
+
+def json_frame_documents(frames: bytes) -> list[bytes]:
+    """The documents of ``frames``, ``J`` frames back to back, all of one version (what a
+    ``C`` frame of Beats' inflates to); ``ValueError`` for anything else."""
+    documents: list[bytes] = []
+    keep = documents.append
+    end = len(frames)
+    if not end:
+        return documents
+    first = frames[0]
+    if first not in VERSIONS:
+        raise ValueError(f"no J frame: version byte 0x{first:02x}")
+    tag = first << 8 | JSON
+    unpack = _TAG_U32X2.unpack_from
+    pos = 0
+    while pos < end:
+        if end - pos < 10:
+            raise ValueError(f"a J frame cut short ({end - pos} bytes left over)")
+        got, _, size = unpack(frames, pos)
+        if got != tag:
+            raise ValueError(f"not a J frame of version {VERSIONS[first]} at offset {pos}")
+        start = pos + 10
+        pos = start + size
+        if pos > end:
+            raise ValueError(f"a J frame of {size} bytes cut short at {end - start}")
+        keep(frames[start:pos])
+    return documents
 
 
 # -- encoders ------------------------------------------------------------------------------

@@ -96,7 +96,8 @@ def _beats(keep_metadata: bool) -> tuple[bytes, Batch, tuple | None]:
         {"@metadata": {"beat": "filebeat"}, "message": "no stamp: the arrival time", "u": "\u00e9\u2603"},
         {"@timestamp": "2026-11-24T07:00:00+02:00", "@metadata": {"beat": "filebeat"}, "n": 2**70, "f": 1.5, "l": [1, None, True]},
     ]
-    source_fakes.Conn(source).send(lj.encode_window_frames(records))
+    # Plain J frames: a window of C frames is stored compressed (_beats_compressed).
+    source_fakes.Conn(source).send(lj.encode_window_frames(records, compress_level=None))
     (live,) = router.batches
     assert live.packed is not None and live.packed[0] == "json-documents"
     batch = Batch(live.tag, live.events, "beats", packed=live.packed, json_values=live.json_values)
@@ -150,6 +151,50 @@ def _logjam() -> tuple[bytes, Batch, tuple | None]:
     return encode_batch(batch), batch, None
 
 
+def _beats_compressed(keep_metadata: bool) -> tuple[bytes, Batch, tuple | None]:
+    """A Beats window of two C frames through the lumberjack source, stored as their
+    payloads (``lumberjack-zlib``)."""
+    import source_fakes
+    from logrouter.sources.lumberjack import LumberjackSource
+    from logrouter.wire import lumberjack as lj
+
+    source, router, _ = source_fakes.make_source(
+        LumberjackSource, "beats", tag="beats.${@metadata.beat}", keep_metadata=keep_metadata
+    )
+    records = [
+        {"@timestamp": "2026-11-24T06:00:00.123Z", "@metadata": {"beat": "filebeat"}, "message": "a", "host": {"name": "h"}},
+        {"@metadata": {"beat": "filebeat"}, "message": "no stamp: the arrival time", "u": "\u00e9\u2603"},
+        {"@timestamp": "2026-11-24T07:00:00+02:00", "@metadata": {"beat": "filebeat"}, "n": 2**70, "f": 1.5, "l": [1, None, True]},
+    ]
+    frames = [lj.encode_json(i + 1, r) for i, r in enumerate(records)]
+    source_fakes.Conn(source).send(
+        lj.encode_window(3) + lj.encode_compressed(frames[0] + frames[1]) + lj.encode_compressed(frames[2])
+    )
+    (live,) = router.batches
+    assert live.packed is not None and live.packed[0] == "lumberjack-zlib" and len(live.packed[1]) == 2
+    batch = Batch(live.tag, live.events, "beats", packed=live.packed, json_values=live.json_values)
+    return encode_batch(batch), batch, None
+
+
+def _courier_compressed(streamed: bool) -> tuple[bytes, Batch, tuple | None]:
+    """A Log Courier payload (JDAT, or EVNT) through its source, stored as its zlib stream."""
+    import source_fakes
+    from logrouter.sources.log_courier import LogCourierSource
+    from logrouter.wire import log_courier as lc
+
+    source, router, _ = source_fakes.make_source(LogCourierSource, "courier", tag="lc.${type:-none}")
+    records = [
+        {"@timestamp": "2024-01-02T03:04:05.5Z", "type": "x", "message": "a"},
+        {"type": "x", "message": "b", "n": [1, {"x": None}], "big": 2**64},
+    ]
+    encode = lc.encode_evnt if streamed else lc.encode_jdat
+    source_fakes.Conn(source).send(encode(b"n" * 16, records))
+    (live,) = router.batches
+    assert live.packed is not None and live.packed[0] == "log-courier-zlib"
+    batch = Batch(live.tag, live.events, "courier", packed=live.packed, json_values=live.json_values)
+    return encode_batch(batch, ("courier", b"n" * 16)), batch, ("courier", b"n" * 16)
+
+
 ODD_ENTRIES = [
     [_event_time(T0, 5), {"msg": "hello", "n": 1}],
     [0, {"msg": "time zero gets now"}],
@@ -197,6 +242,10 @@ MAKERS: dict[str, Callable[[], tuple[bytes, Batch, tuple | None]]] = {
     # made by the logjam source before issue 33 (records), and with the native read
     "v2-logjam-records": _logjam,
     "v3-logjam-bodies": _logjam,
+    "v3-lumberjack-zlib": lambda: _beats_compressed(keep_metadata=True),
+    "v3-lumberjack-zlib-drop-metadata": lambda: _beats_compressed(keep_metadata=False),
+    "v3-log-courier-zlib-jdat": lambda: _courier_compressed(streamed=False),
+    "v3-log-courier-zlib-evnt": lambda: _courier_compressed(streamed=True),
 }
 
 
