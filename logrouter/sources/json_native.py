@@ -2,8 +2,8 @@
 
 Where the native extension takes a read (``wire.json_lazy.scan_documents``), the
 source's per-event work runs on what the scan handed back instead of on decoded
-records: the tag from the template's fields' values, the idempotency keys from the
-key's fields' values (``event_keys.value_key_maker``), the events kept as
+records: the tag from the template's fields' values, the idempotency keys made by the
+scan itself (``event_keys.native_key``), the events kept as
 ``DocumentEvents`` (the lake builds its columns from them natively), and the batch
 carries the documents as received, which the spool stores as ``json-documents``, as
 on the Python path (``events.batch_builder``), which gives the same tag, keys and
@@ -19,7 +19,18 @@ from typing import Any
 from logrouter.batch import Batch
 from logrouter.sources import event_keys
 from logrouter.sources.events import JSON_DOCUMENTS, TagTemplate, decode_documents
-from logrouter.wire.json_lazy import CONTAINER, DOTTED_FIRST, DocumentEvents, scan_documents
+from logrouter.wire.json_lazy import (
+    CONTAINER,
+    DOTTED_FIRST,
+    DocumentEvents,
+    KeyAsk,
+    Path,
+    Run,
+    Scanned,
+    scan_documents,
+    scan_runs,
+    split_runs,
+)
 
 __all__ = ["NativeReads"]
 
@@ -45,9 +56,13 @@ class NativeReads:
         self.parts = template.parts
         self.fields = [part for part in template.parts if not isinstance(part, str)]
         self.drop_metadata = drop_metadata
-        made = None if key_spec is None else event_keys.value_key_maker(key_spec)
-        self.key_paths, self.keys_of = ([], None) if made is None else made
-        self.paths = [(DOTTED_FIRST, name, keys) for name, keys, _ in self.fields] + list(self.key_paths)
+        self.paths: list[Path] = [(DOTTED_FIRST, name, keys) for name, keys, _ in self.fields]
+        made = None if key_spec is None else event_keys.native_key(key_spec)
+        self.key: KeyAsk | None = None
+        if made is not None:
+            key_paths, kind, name = made
+            self.key = (kind, name, len(self.paths))
+            self.paths += key_paths
 
     def _tag(self, columns: list[list[Any]]) -> str | None:
         """The one tag of every event, or None when they differ."""
@@ -74,14 +89,20 @@ class NativeReads:
     def read(self, documents: list[bytes], now: int) -> tuple[Batch, list | None] | None:
         """The batch of ``documents`` read ``now`` (ns) and its events' idempotency keys
         (None: none has one), or None: the caller decodes them and takes its Python path."""
-        found = scan_documents(documents, now, self.drop_metadata, self.paths)
-        if found is None:
-            return None
-        entries, buckets, values, texts = found
-        tag = self._tag(values[: len(self.fields)])
+        found = scan_documents(documents, now, self.drop_metadata, self.paths, self.key)
+        return None if found is None else self._batch(found, documents, now)
+
+    def read_runs(self, runs: list[Run], now: int) -> tuple[Batch, list | None] | None:
+        """``read`` of the documents of ``runs`` (``Events.runs``), scanned where they lie;
+        they become bytes objects only for the batch's stored form."""
+        found = scan_runs(runs, now, self.drop_metadata, self.paths, self.key)
+        return None if found is None else self._batch(found, split_runs(runs)[0], now)
+
+    def _batch(self, found: Scanned, documents: list[bytes], now: int) -> tuple[Batch, list | None] | None:
+        entries, buckets, values, texts, keys = found
+        tag = self._tag(values)
         if tag is None:
             return None
-        keys = None if self.keys_of is None else self.keys_of(values[len(self.fields) :])
         events = DocumentEvents(entries, buckets, partial(decode_documents, documents, now, self.drop_metadata), texts)
         packed = (JSON_DOCUMENTS, documents, now, self.drop_metadata)
         return Batch(tag, events, json_values=True, packed=packed), keys

@@ -85,7 +85,7 @@ class LumberjackProtocol(AckingConnection, StreamProtocol):
         if message.undecoded:
             # The documents as received: read natively where the extension takes them all
             # (one batch), else decoded here (counting those that are no JSON object).
-            read = source.native_reads.read(message.documents, now)
+            read = source.native_reads.read_runs(message.runs, now)
             if read is None:
                 wire.decode_group(message)
         if message.invalid:

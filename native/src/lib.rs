@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyList, PyString, PyTuple};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+pub mod beats;
 pub mod columns;
 pub mod edits;
 pub mod forward_frame;
@@ -19,6 +20,7 @@ pub mod frame;
 pub mod json;
 pub mod jsondoc;
 pub mod jsonparse;
+pub mod keys;
 pub mod reader;
 
 /// Run `work` without the GIL; a panic (a bug, never an input's doing) becomes a
@@ -28,7 +30,7 @@ fn guarded<T: Send>(py: Python<'_>, work: impl FnOnce() -> T + Send) -> PyResult
         .map_err(|_| PyRuntimeError::new_err("logrouter_native panicked (a bug): the Python path takes over"))
 }
 
-fn bytes_of<T: Copy>(values: &[T]) -> &[u8] {
+pub(crate) fn bytes_of<T: Copy>(values: &[T]) -> &[u8] {
     // Arrow buffers are native-endian: the values' own bytes are what it reads.
     unsafe { std::slice::from_raw_parts(values.as_ptr() as *const u8, std::mem::size_of_val(values)) }
 }
@@ -349,25 +351,58 @@ fn document_slices<'a>(documents: &'a [Bound<'_, PyAny>], copies: &'a [Option<Ve
         .collect()
 }
 
-/// `scan_documents(documents, now, drop_metadata, paths)`: None if any document is
-/// outside the subset; else `(entries, buckets, values, texts)`: the records as a
-/// PackedForward entries blob (what `scan` and `build` take, times as EventTimes,
-/// `@metadata` left out with `drop_metadata`), `[(hour bucket, events), ...]` in order
-/// of first appearance, and per path (`(lookup, dotted name, keys)`, lookup 0: nested
-/// objects, 1: a top-level key with the whole dotted name first) a list of each
-/// event's value there: None (missing or null), bool, int, float, str, or `...` for
-/// an object or array; and `(index, texts)`, the JSON text of the records' top-level
-/// objects and arrays as `build` takes it with the entries (`jsondoc::Scanned`).
+/// `scan_documents(documents, now, drop_metadata, paths, key=None)`: None if any
+/// document is outside the subset; else `(entries, buckets, values, texts, keys)`: the
+/// records as a PackedForward entries blob (what `scan` and `build` take, times as
+/// EventTimes, `@metadata` left out with `drop_metadata`), `[(hour bucket, events),
+/// ...]` in order of first appearance, and per path (`(lookup, dotted name, keys)`,
+/// lookup 0: nested objects, 1: a top-level key with the whole dotted name first) a
+/// list of each event's value there: None (missing or null), bool, int, float, str, or
+/// `...` for an object or array; and `(index, texts)`, the JSON text of the records'
+/// top-level objects and arrays as `build` takes it with the entries
+/// (`jsondoc::Scanned`). With `key` `(kind, name, first)` the paths from `first` on are
+/// an idempotency key's (`keys::Spec`, kind 0 `"auto"`, 1 a field list named `name`):
+/// `values` then stops before them and `keys` is each event's `(sender, digest)` or
+/// None, or None where no event has a key (else `keys` is None).
 #[pyfunction]
+#[pyo3(signature = (documents, now, drop_metadata, paths, key=None))]
 fn scan_documents<'py>(
     py: Python<'py>,
     documents: Vec<Bound<'py, PyAny>>,
     now: i64,
     drop_metadata: bool,
     paths: Vec<(u8, String, Vec<String>)>,
+    key: Option<(u8, String, usize)>,
 ) -> PyResult<Option<Bound<'py, PyTuple>>> {
     let copies = bytearray_copies(&documents)?;
     let docs = document_slices(&documents, &copies);
+    scanned(py, &docs, now, drop_metadata, &paths, key)
+}
+
+/// `scan_runs(runs, now, drop_metadata, paths, key=None)`: `scan_documents` of the
+/// documents of `runs` (`(buffer, spans)` as `json_frames` cut them out), read in place.
+#[pyfunction]
+#[pyo3(signature = (runs, now, drop_metadata, paths, key=None))]
+fn scan_runs<'py>(
+    py: Python<'py>,
+    runs: Vec<beats::Run<'py>>,
+    now: i64,
+    drop_metadata: bool,
+    paths: Vec<(u8, String, Vec<String>)>,
+    key: Option<(u8, String, usize)>,
+) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let docs: Vec<&[u8]> = beats::run_documents(&runs)?.into_iter().map(|(_, d)| d).collect();
+    scanned(py, &docs, now, drop_metadata, &paths, key)
+}
+
+fn scanned<'py>(
+    py: Python<'py>,
+    docs: &[&[u8]],
+    now: i64,
+    drop_metadata: bool,
+    paths: &[(u8, String, Vec<String>)],
+    key: Option<(u8, String, usize)>,
+) -> PyResult<Option<Bound<'py, PyTuple>>> {
     let specs: Vec<jsondoc::Path> = paths
         .iter()
         .map(|(lookup, name, keys)| jsondoc::Path {
@@ -379,50 +414,95 @@ fn scan_documents<'py>(
     if specs.iter().any(|p| p.keys.is_empty()) {
         return Ok(None);
     }
-    let mut found = match guarded(py, || jsondoc::scan(&docs, now, drop_metadata, &specs))? {
+    let (key_spec, first) = match &key {
+        None => (None, specs.len()),
+        Some((kind, name, first)) => {
+            let wanted = if *kind == 0 { 6 } else { 2 };
+            if *first > specs.len() || specs.len() - first < wanted || (*kind == 0 && specs.len() - first != 6) {
+                return Err(PyValueError::new_err("key: (0, name, first) with six paths from first, or (1, name, first) with a field's and the sender's"));
+            }
+            (Some(if *kind == 0 { keys::Spec::Auto } else { keys::Spec::Fields(name.as_bytes().to_vec()) }), *first)
+        }
+    };
+    let mut found = match guarded(py, || {
+        jsondoc::scan(docs, now, drop_metadata, &specs).map(|found| {
+            let keyed = key_spec.as_ref().map(|spec| keys::keys(spec, &found.values[first..]).map(|keys| keys.into_iter().map(|k| k.map(|k| (k.sender.to_vec(), k.digest))).collect::<Vec<_>>()));
+            (found, keyed)
+        })
+    })? {
         Ok(found) => found,
         Err(_) => return Ok(None),
     };
     let values = PyList::empty(py);
-    for column in &found.values {
+    for column in &found.0.values[..first] {
         let list = PyList::empty(py);
-        // Events of one sender mostly repeat a field's text: one str object for a run.
-        let mut last: Option<(&[u8], Bound<'py, PyAny>)> = None;
+        let mut last = None;
         for v in column {
-            let item: Bound<'py, PyAny> = match v {
-                jsonparse::Val::Missing => py.None().into_bound(py),
-                jsonparse::Val::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
-                jsonparse::Val::Int(i) => i.into_pyobject(py)?.into_any(),
-                jsonparse::Val::Float(f) => f.into_pyobject(py)?.into_any(),
-                jsonparse::Val::Container => py.Ellipsis().into_bound(py),
-                jsonparse::Val::Str(_) | jsonparse::Val::Owned(_) => {
-                    let bytes: &[u8] = match v {
-                        jsonparse::Val::Str(s) => s,
-                        jsonparse::Val::Owned(s) => s,
-                        _ => unreachable!(),
-                    };
-                    match &last {
-                        Some((text, obj)) if *text == bytes => obj.clone(),
-                        _ => {
-                            let text = std::str::from_utf8(bytes).map_err(|_| PyRuntimeError::new_err("not UTF-8"))?;
-                            let obj = PyString::new(py, text).into_any();
-                            last = Some((bytes, obj.clone()));
-                            obj
-                        }
-                    }
-                }
-            };
-            list.append(item)?;
+            list.append(value_object(py, v, &mut last)?)?;
         }
         values.append(list)?;
     }
+    let keys = match found.1.take() {
+        None | Some(None) => None,
+        Some(Some(keyed)) => {
+            let list = PyList::empty(py);
+            let mut last: Option<(&[u8], Bound<'py, PyString>)> = None;
+            for k in &keyed {
+                match k {
+                    None => list.append(py.None())?,
+                    Some((sender, digest)) => {
+                        let sender = match &last {
+                            Some((text, obj)) if *text == &sender[..] => obj.clone(),
+                            _ => {
+                                let text = std::str::from_utf8(sender).map_err(|_| PyRuntimeError::new_err("not UTF-8"))?;
+                                let obj = PyString::new(py, text);
+                                last = Some((sender, obj.clone()));
+                                obj
+                            }
+                        };
+                        list.append((sender, PyBytes::new(py, digest)))?;
+                    }
+                }
+            }
+            Some(list)
+        }
+    };
+    let (mut found, _) = found;
     let index: Vec<u32> = found.index.iter().flat_map(|s| [s.at, s.start, s.end]).collect();
     let texts = (PyBytes::new(py, bytes_of(&index)), PyBytes::new(py, &found.texts));
     let entries = PyBytes::new(py, &found.blob);
     let buckets = std::mem::take(&mut found.buckets);
     found.recycle();
-    let result = (entries, buckets, values, texts).into_pyobject(py)?;
+    let result = (entries, buckets, values, texts, keys).into_pyobject(py)?;
     Ok(Some(result))
+}
+
+/// A scanned value as Python's; `last` keeps the str of the run of equal texts (events
+/// of one sender mostly repeat a field's text: one str object for a run).
+fn value_object<'py, 'v>(py: Python<'py>, v: &'v jsonparse::Val<'_>, last: &mut Option<(&'v [u8], Bound<'py, PyAny>)>) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match v {
+        jsonparse::Val::Missing => py.None().into_bound(py),
+        jsonparse::Val::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
+        jsonparse::Val::Int(i) => i.into_pyobject(py)?.into_any(),
+        jsonparse::Val::Float(f) => f.into_pyobject(py)?.into_any(),
+        jsonparse::Val::Container => py.Ellipsis().into_bound(py),
+        jsonparse::Val::Str(_) | jsonparse::Val::Owned(_) => {
+            let bytes: &[u8] = match v {
+                jsonparse::Val::Str(s) => s,
+                jsonparse::Val::Owned(s) => s,
+                _ => unreachable!(),
+            };
+            match last {
+                Some((text, obj)) if *text == bytes => obj.clone(),
+                _ => {
+                    let text = std::str::from_utf8(bytes).map_err(|_| PyRuntimeError::new_err("not UTF-8"))?;
+                    let obj = PyString::new(py, text).into_any();
+                    *last = Some((bytes, obj.clone()));
+                    obj
+                }
+            }
+        }
+    })
 }
 
 #[pymodule]
@@ -436,6 +516,9 @@ fn logrouter_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(entries_at, m)?)?;
     m.add_function(wrap_pyfunction!(check_documents, m)?)?;
     m.add_function(wrap_pyfunction!(scan_documents, m)?)?;
+    m.add_function(wrap_pyfunction!(scan_runs, m)?)?;
+    m.add_function(wrap_pyfunction!(beats::json_frames, m)?)?;
+    m.add_function(wrap_pyfunction!(beats::split_documents, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
