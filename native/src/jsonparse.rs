@@ -32,8 +32,19 @@ pub enum Val<'a> {
 pub struct P<'a> {
     pub s: &'a [u8],
     pub i: usize,
-    /// The keys of the objects being read, outermost first (one allocation per reader).
+    /// The keys of the objects being read, outermost first (one allocation per reader),
+    /// and a fingerprint of each (`fingerprint`): most keys differ there already.
     keys: Vec<std::borrow::Cow<'a, [u8]>>,
+    prints: Vec<u64>,
+}
+
+/// A key's length and first bytes in one word: equal keys have equal ones.
+#[inline]
+fn fingerprint(key: &[u8]) -> u64 {
+    let mut head = [0u8; 8];
+    let n = key.len().min(8);
+    head[..n].copy_from_slice(&key[..n]);
+    u64::from_le_bytes(head) ^ ((key.len() as u64) << 56)
 }
 
 const ONES: u64 = 0x0101_0101_0101_0101;
@@ -56,12 +67,22 @@ impl<'a> P<'a> {
     /// A reader at the start of `doc`, if it is valid UTF-8 (std's check, fast on ASCII).
     pub fn new(doc: &'a [u8]) -> R<Self> {
         std::str::from_utf8(doc).map_err(|_| Outside)?;
-        Ok(P { s: doc, i: 0, keys: Vec::new() })
+        Ok(P { s: doc, i: 0, keys: Vec::new(), prints: Vec::new() })
+    }
+
+    /// This reader at the start of another document (`new`'s check), its buffers kept.
+    pub fn restart(&mut self, doc: &'a [u8]) -> R<()> {
+        std::str::from_utf8(doc).map_err(|_| Outside)?;
+        self.s = doc;
+        self.i = 0;
+        self.keys.clear();
+        self.prints.clear();
+        Ok(())
     }
 
     /// A reader at `i` of a document that passed `new`.
     pub fn at(doc: &'a [u8], i: usize) -> Self {
-        P { s: doc, i, keys: Vec::new() }
+        P { s: doc, i, keys: Vec::new(), prints: Vec::new() }
     }
 
     #[inline]
@@ -408,7 +429,8 @@ impl<'a> P<'a> {
                     }
                     None => {
                         let keys = &self.keys[base..];
-                        if keys.contains(&key) {
+                        let print = fingerprint(&key);
+                        if self.prints[base..].iter().zip(keys).any(|(&p, k)| p == print && *k == key) {
                             return Err(Outside);
                         }
                         if keys.len() >= 16 {
@@ -437,6 +459,7 @@ impl<'a> P<'a> {
                     t.members.push((key.clone(), start, self.i, v));
                 }
                 if many.is_none() {
+                    self.prints.push(fingerprint(&key));
                     self.keys.push(key);
                 }
                 self.skip_ws();
@@ -451,6 +474,7 @@ impl<'a> P<'a> {
             }
         }
         self.keys.truncate(base);
+        self.prints.truncate(base);
         if let (Some(o), Some(at)) = (out.as_mut(), at) {
             o[at..at + 4].copy_from_slice(&n.to_be_bytes());
         }

@@ -424,17 +424,16 @@ fn scanned<'py>(
             (Some(if *kind == 0 { keys::Spec::Auto } else { keys::Spec::Fields(name.as_bytes().to_vec()) }), *first)
         }
     };
-    let mut found = match guarded(py, || {
-        jsondoc::scan(docs, now, drop_metadata, &specs).map(|found| {
-            let keyed = key_spec.as_ref().map(|spec| keys::keys(spec, &found.values[first..]).map(|keys| keys.into_iter().map(|k| k.map(|k| (k.sender.to_vec(), k.digest))).collect::<Vec<_>>()));
-            (found, keyed)
-        })
-    })? {
+    let mut found = match guarded(py, || jsondoc::scan(docs, now, drop_metadata, &specs))? {
         Ok(found) => found,
         Err(_) => return Ok(None),
     };
+    let keyed = match &key_spec {
+        Some(spec) => guarded(py, || keys::keys(spec, &found.values[first..]))?,
+        None => None,
+    };
     let values = PyList::empty(py);
-    for column in &found.0.values[..first] {
+    for column in &found.values[..first] {
         let list = PyList::empty(py);
         let mut last = None;
         for v in column {
@@ -442,17 +441,17 @@ fn scanned<'py>(
         }
         values.append(list)?;
     }
-    let keys = match found.1.take() {
-        None | Some(None) => None,
-        Some(Some(keyed)) => {
+    let keys = match keyed {
+        None => None,
+        Some(keyed) => {
             let list = PyList::empty(py);
             let mut last: Option<(&[u8], Bound<'py, PyString>)> = None;
             for k in &keyed {
                 match k {
                     None => list.append(py.None())?,
-                    Some((sender, digest)) => {
+                    Some(keys::Key { sender, digest }) => {
                         let sender = match &last {
-                            Some((text, obj)) if *text == &sender[..] => obj.clone(),
+                            Some((text, obj)) if text == sender => obj.clone(),
                             _ => {
                                 let text = std::str::from_utf8(sender).map_err(|_| PyRuntimeError::new_err("not UTF-8"))?;
                                 let obj = PyString::new(py, text);
@@ -467,7 +466,6 @@ fn scanned<'py>(
             Some(list)
         }
     };
-    let (mut found, _) = found;
     let index: Vec<u32> = found.index.iter().flat_map(|s| [s.at, s.start, s.end]).collect();
     let texts = (PyBytes::new(py, bytes_of(&index)), PyBytes::new(py, &found.texts));
     let entries = PyBytes::new(py, &found.blob);
