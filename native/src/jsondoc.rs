@@ -268,11 +268,22 @@ fn document<'a>(doc: &'a [u8], now: i64, paths: &[Path], out: &mut Scanned<'a>, 
     let nanos = (time % NANOS_PER_SECOND) as u32;
     blob[head + 3..head + 7].copy_from_slice(&seconds.to_be_bytes());
     blob[head + 7..head + 11].copy_from_slice(&nanos.to_be_bytes());
-    for &(at, start, end) in &top.containers {
-        let from = out.texts.len();
-        out.texts.extend_from_slice(&doc[start..end]);
-        let offset = |n: usize| u32::try_from(n).map_err(|_| Outside); // a read of 4 GiB: Python's
-        out.index.push(Spliced { at: offset(at)?, start: offset(from)?, end: offset(out.texts.len())? });
+    let offset = |n: usize| u32::try_from(n).map_err(|_| Outside); // a read of 4 GiB: Python's
+    match work.within {
+        // The text where it lies in the buffer holding every document: no copy.
+        Some(buffer) => {
+            let base = doc.as_ptr() as usize - buffer.as_ptr() as usize;
+            for &(at, start, end) in &top.containers {
+                out.index.push(Spliced { at: offset(at)?, start: offset(base + start)?, end: offset(base + end)? });
+            }
+        }
+        None => {
+            for &(at, start, end) in &top.containers {
+                let from = out.texts.len();
+                out.texts.extend_from_slice(&doc[start..end]);
+                out.index.push(Spliced { at: offset(at)?, start: offset(from)?, end: offset(out.texts.len())? });
+            }
+        }
     }
     lookups(doc, top, paths, &mut out.values, &mut work.lookups)?;
     Ok(time)
@@ -284,6 +295,7 @@ struct Work<'a> {
     p: P<'a>,
     top: Top<'a>,
     lookups: Lookups,
+    within: Option<&'a [u8]>,
 }
 
 thread_local! {
@@ -308,12 +320,22 @@ impl Scanned<'_> {
     }
 }
 
-/// Scan every document (see the module's docs), `now` being the arrival time.
-pub fn scan<'a>(documents: &[&'a [u8]], now: i64, drop_metadata: bool, paths: &[Path]) -> R<Scanned<'a>> {
+/// Scan every document (see the module's docs), `now` being the arrival time. With
+/// `within`, a buffer every document lies in, `texts` stays empty and `index` points
+/// into that buffer instead.
+pub fn scan<'a>(documents: &[&'a [u8]], now: i64, drop_metadata: bool, paths: &[Path], within: Option<&'a [u8]>) -> R<Scanned<'a>> {
+    if let Some(buffer) = within {
+        let range = buffer.as_ptr_range();
+        if !documents.iter().all(|d| range.start <= d.as_ptr() && d.as_ptr_range().end <= range.end) {
+            return Err(Outside);
+        }
+    }
     let total: usize = documents.iter().map(|d| d.len()).sum();
     let (mut blob, mut texts) = SPARE.with(|spare| std::mem::take(&mut *spare.borrow_mut()));
     blob.reserve(total);
-    texts.reserve(total);
+    if within.is_none() {
+        texts.reserve(total);
+    }
     let mut out = Scanned {
         blob,
         texts,
@@ -325,6 +347,7 @@ pub fn scan<'a>(documents: &[&'a [u8]], now: i64, drop_metadata: bool, paths: &[
         p: P::at(b"", 0),
         top: Top { drop_metadata, members: Vec::new(), containers: Vec::new() },
         lookups: Lookups::default(),
+        within,
     };
     for doc in documents {
         let time = document(doc, now, paths, &mut out, &mut work)?;
@@ -373,7 +396,7 @@ mod tests {
     fn transcodes() {
         let docs: Vec<&[u8]> = vec![br#"{"a":1,"b":[true,null,"x\u00e9"],"@metadata":{"beat":"f"}}"#];
         let paths = vec![Path { lookup: Lookup::Walk, name: b"@metadata.beat".to_vec(), keys: vec![b"@metadata".to_vec(), b"beat".to_vec()] }];
-        let s = scan(&docs, 5_000_000_000, true, &paths).unwrap();
+        let s = scan(&docs, 5_000_000_000, true, &paths, None).unwrap();
         assert_eq!(s.values[0][0], Val::Str(b"f"));
         assert_eq!(s.buckets, vec![(0, 1)]);
         assert!(!check(&[br#"{"a":1,"a":2}"#]));
@@ -384,7 +407,7 @@ mod tests {
         let docs: Vec<&[u8]> = vec![br#"{"a":{"s":"x\"}]","n":[1,{"b":2},"]"],"t":true,"f":-1.5e3,"b":{"c":"d\u00e9"}}}"#];
         let keys = vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()];
         let paths = vec![Path { lookup: Lookup::Walk, name: b"a.b.c".to_vec(), keys }];
-        let s = scan(&docs, 5_000_000_000, true, &paths).unwrap();
+        let s = scan(&docs, 5_000_000_000, true, &paths, None).unwrap();
         assert_eq!(s.values[0][0], Val::Owned("dé".as_bytes().to_vec()));
     }
 

@@ -376,11 +376,12 @@ fn scan_documents<'py>(
 ) -> PyResult<Option<Bound<'py, PyTuple>>> {
     let copies = bytearray_copies(&documents)?;
     let docs = document_slices(&documents, &copies);
-    scanned(py, &docs, now, drop_metadata, &paths, key)
+    scanned(py, &docs, None, now, drop_metadata, &paths, key)
 }
 
 /// `scan_runs(runs, now, drop_metadata, paths, key=None)`: `scan_documents` of the
-/// documents of `runs` (`(buffer, spans)` as `json_frames` cut them out), read in place.
+/// documents of `runs` (`(buffer, spans)` as `json_frames` cut them out), read in place;
+/// of one run, `texts` is `(index, buffer)`: the containers' text where it lies.
 #[pyfunction]
 #[pyo3(signature = (runs, now, drop_metadata, paths, key=None))]
 fn scan_runs<'py>(
@@ -392,12 +393,15 @@ fn scan_runs<'py>(
     key: Option<(u8, String, usize)>,
 ) -> PyResult<Option<Bound<'py, PyTuple>>> {
     let docs: Vec<&[u8]> = beats::run_documents(&runs)?.into_iter().map(|(_, d)| d).collect();
-    scanned(py, &docs, now, drop_metadata, &paths, key)
+    let within = if runs.len() == 1 { Some(&runs[0].0) } else { None };
+    scanned(py, &docs, within, now, drop_metadata, &paths, key)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn scanned<'py>(
     py: Python<'py>,
     docs: &[&[u8]],
+    within: Option<&Bound<'py, PyBytes>>,
     now: i64,
     drop_metadata: bool,
     paths: &[(u8, String, Vec<String>)],
@@ -424,7 +428,8 @@ fn scanned<'py>(
             (Some(if *kind == 0 { keys::Spec::Auto } else { keys::Spec::Fields(name.as_bytes().to_vec()) }), *first)
         }
     };
-    let mut found = match guarded(py, || jsondoc::scan(docs, now, drop_metadata, &specs))? {
+    let within_bytes = within.map(|b| b.as_bytes());
+    let mut found = match guarded(py, || jsondoc::scan(docs, now, drop_metadata, &specs, within_bytes))? {
         Ok(found) => found,
         Err(_) => return Ok(None),
     };
@@ -467,7 +472,11 @@ fn scanned<'py>(
         }
     };
     let index: Vec<u32> = found.index.iter().flat_map(|s| [s.at, s.start, s.end]).collect();
-    let texts = (PyBytes::new(py, bytes_of(&index)), PyBytes::new(py, &found.texts));
+    let data = match within {
+        Some(buffer) => buffer.clone(),
+        None => PyBytes::new(py, &found.texts),
+    };
+    let texts = (PyBytes::new(py, bytes_of(&index)), data);
     let entries = PyBytes::new(py, &found.blob);
     let buckets = std::mem::take(&mut found.buckets);
     found.recycle();
