@@ -494,7 +494,33 @@ pub struct Top<'a> {
 fn write_str(o: &mut Vec<u8>, s: &[u8]) {
     let n = s.len();
     if n < 32 {
-        o.push(0xa0 | n as u8);
+        // Most keys and values: header and text in one go, without a call to memcpy
+        // for a few bytes (two overlapping word copies).
+        o.reserve(1 + n);
+        let at = o.len();
+        // SAFETY: `reserve` made room for 1 + n bytes past `at`; every write below stays
+        // inside `at..at + 1 + n` and every read inside `s`.
+        unsafe {
+            let dst = o.as_mut_ptr().add(at);
+            *dst = 0xa0 | n as u8;
+            let (src, dst) = (s.as_ptr(), dst.add(1));
+            if n >= 16 {
+                std::ptr::write_unaligned(dst as *mut u128, std::ptr::read_unaligned(src as *const u128));
+                std::ptr::write_unaligned(dst.add(n - 16) as *mut u128, std::ptr::read_unaligned(src.add(n - 16) as *const u128));
+            } else if n >= 8 {
+                std::ptr::write_unaligned(dst as *mut u64, std::ptr::read_unaligned(src as *const u64));
+                std::ptr::write_unaligned(dst.add(n - 8) as *mut u64, std::ptr::read_unaligned(src.add(n - 8) as *const u64));
+            } else if n >= 4 {
+                std::ptr::write_unaligned(dst as *mut u32, std::ptr::read_unaligned(src as *const u32));
+                std::ptr::write_unaligned(dst.add(n - 4) as *mut u32, std::ptr::read_unaligned(src.add(n - 4) as *const u32));
+            } else {
+                for k in 0..n {
+                    *dst.add(k) = *src.add(k);
+                }
+            }
+            o.set_len(at + 1 + n);
+        }
+        return;
     } else if n < 256 {
         o.extend_from_slice(&[0xd9, n as u8]);
     } else if n < 65536 {
