@@ -118,11 +118,11 @@ def stages(data: list[bytes], rounds: int, events: int) -> None:
     """The native path's parts alone, CPU µs per event."""
     blobs = [window[6 + 6 :] for window in data]  # the C frames' zlib streams
     inflated = [zlib.decompress(blob) for blob in blobs]
-    runs = [m.runs for window in data for m in lj.LumberjackDecoder(keep_documents=True).feed(window) if isinstance(m, lj.Events)]
+    kept = [m.runs for window in data for m in lj.LumberjackDecoder(keep_documents=True).feed(window) if isinstance(m, lj.Events)]
     reads = NativeReads(TagTemplate(TAG), False, "auto")
     paths = [tuple(p) for p in reads.paths]
     pending, rewritten = PendingRows(), PendingRows()
-    for r in runs:
+    for r in kept:
         read = reads.read_runs(r, NOW)[0].events
         pending.extend(read)
         rewritten.extend(DocumentEvents(read.entries, read.buckets, read.reference))  # no texts
@@ -130,10 +130,10 @@ def stages(data: list[bytes], rounds: int, events: int) -> None:
     parts = {
         "codec feed (inflate, cut out)": lambda: [lj.LumberjackDecoder(keep_documents=True).feed(w) for w in data],
         "  of which inflate (zlib)": lambda: [zlib.decompress(b) for b in blobs],
-        "source: scan_runs, no keys": lambda: [NATIVE.scan_runs(r, NOW, False, paths[:1]) for r in runs],
-        "source: scan_runs with keys": lambda: [NATIVE.scan_runs(r, NOW, False, paths, reads.key) for r in runs],
-        "source: the documents as bytes": lambda: [split_runs(r) for r in runs],
-        "source: whole read (batch, keys)": lambda: [reads.read_runs(r, NOW) for r in runs],
+        "source: scan_runs, no keys": lambda: [NATIVE.scan_runs(r, NOW, False, paths[:1]) for r in kept],
+        "source: scan_runs with keys": lambda: [NATIVE.scan_runs(r, NOW, False, paths, reads.key) for r in kept],
+        "source: the documents as bytes": lambda: [split_runs(r) for r in kept],
+        "source: whole read (batch, keys)": lambda: [reads.read_runs(r, NOW) for r in kept],
         "lake: schema + table build": lambda: _table(pending),
         "  same, _extra all from msgpack": lambda: _table(rewritten),
         "lake: Parquet write (zstd)": lambda: pq.write_table(table, io.BytesIO(), compression="zstd"),

@@ -20,6 +20,7 @@
 //! whole list goes to the Python path, the reference.
 
 use crate::jsonparse::{Top, Val, P};
+use crate::keys;
 use crate::reader::{hour_bucket, Outside, R, NANOS_PER_SECOND};
 
 
@@ -48,6 +49,21 @@ pub struct Scanned<'a> {
     pub buckets: Vec<(i64, usize)>,
     /// Per path, per event.
     pub values: Vec<Vec<Val<'a>>>,
+    /// Per path, per event: whether the value is the previous event's (told while both
+    /// documents are in cache, so that making Python objects of them reads neither).
+    pub same: Vec<Vec<bool>>,
+    /// Per event, with `Options::key`: its key's digest, or None where it has no key.
+    pub digests: Vec<Option<[u8; keys::DIGEST_BYTES]>>,
+}
+
+/// What `scan_with` does besides `scan`.
+#[derive(Default)]
+pub struct Options<'a, 's> {
+    /// A buffer every document lies in: `texts` then stays empty and `index` points
+    /// into that buffer instead.
+    pub within: Option<&'a [u8]>,
+    /// An idempotency key made of the values of the paths from the given one on.
+    pub key: Option<(&'s keys::Spec, usize)>,
 }
 
 /// A top-level container of a record: its msgpack's offset in the entries blob and its
@@ -132,7 +148,7 @@ pub fn stamp_time(t: &[u8]) -> R<Option<i64>> {
 /// The values at `paths` in the record whose top-level members are `top`, pushed onto
 /// `columns` (one per path). Each nested object a path enters is read once for all the
 /// paths that enter it (Filebeat's keys read `agent`, `log` and `@metadata` twice each).
-fn lookups<'a>(doc: &'a [u8], top: &Top<'a>, paths: &[Path], columns: &mut [Vec<Val<'a>>], work: &mut Lookups) -> R<()> {
+fn lookups<'a>(doc: &'a [u8], top: &Top<'a>, paths: &[Path], columns: &mut [Vec<Val<'a>>], same: &mut [Vec<bool>], work: &mut Lookups) -> R<()> {
     let member = |name: &[u8]| top.members.iter().find(|(k, ..)| &**k == name);
     work.nested.clear();
     for (i, path) in paths.iter().enumerate() {
@@ -165,6 +181,10 @@ fn lookups<'a>(doc: &'a [u8], top: &Top<'a>, paths: &[Path], columns: &mut [Vec<
         from = to;
     }
     work.nested = nested;
+    for (column, same) in columns.iter().zip(same.iter_mut()) {
+        let n = column.len();
+        same.push(n > 1 && column[n - 1] == column[n - 2]);
+    }
     Ok(())
 }
 
@@ -234,7 +254,7 @@ fn walk<'a>(doc: &'a [u8], start: usize, depth: usize, group: &[usize], paths: &
 
 /// One document: its record as msgpack into `blob` (after the entry's head, which the
 /// caller writes once the time is known), its time, and the paths' values.
-fn document<'a>(doc: &'a [u8], now: i64, paths: &[Path], out: &mut Scanned<'a>, work: &mut Work<'a>) -> R<i64> {
+fn document<'a>(doc: &'a [u8], now: i64, paths: &[Path], out: &mut Scanned<'a>, work: &mut Work<'a, '_>) -> R<i64> {
     let blob = &mut out.blob;
     let (p, top) = (&mut work.p, &mut work.top);
     p.restart(doc)?;
@@ -285,17 +305,33 @@ fn document<'a>(doc: &'a [u8], now: i64, paths: &[Path], out: &mut Scanned<'a>, 
             }
         }
     }
-    lookups(doc, top, paths, &mut out.values, &mut work.lookups)?;
+    lookups(doc, top, paths, &mut out.values, &mut out.same, &mut work.lookups)?;
+    if let Some((spec, first)) = work.key {
+        let e = out.values[first].len() - 1;
+        let columns = &out.values[first..];
+        let digest = if columns.len() <= 16 {
+            let mut row = [&Val::Missing; 16];
+            for (slot, column) in row.iter_mut().zip(columns) {
+                *slot = &column[e];
+            }
+            keys::event_key(spec, &row[..columns.len()], &mut work.lookups.scratch)
+        } else {
+            let row: Vec<&Val> = columns.iter().map(|c| &c[e]).collect();
+            keys::event_key(spec, &row, &mut work.lookups.scratch)
+        };
+        out.digests.push(digest);
+    }
     Ok(time)
 }
 
 /// What `document` reuses from one document to the next: the reader, the top-level
 /// members, the lookups' buffers (a read of thousands of events allocates them once).
-struct Work<'a> {
+struct Work<'a, 's> {
     p: P<'a>,
     top: Top<'a>,
     lookups: Lookups,
     within: Option<&'a [u8]>,
+    key: Option<(&'s keys::Spec, usize)>,
 }
 
 thread_local! {
@@ -320,10 +356,17 @@ impl Scanned<'_> {
     }
 }
 
-/// Scan every document (see the module's docs), `now` being the arrival time. With
-/// `within`, a buffer every document lies in, `texts` stays empty and `index` points
-/// into that buffer instead.
-pub fn scan<'a>(documents: &[&'a [u8]], now: i64, drop_metadata: bool, paths: &[Path], within: Option<&'a [u8]>) -> R<Scanned<'a>> {
+/// Scan every document (see the module's docs), `now` being the arrival time.
+pub fn scan<'a>(documents: &[&'a [u8]], now: i64, drop_metadata: bool, paths: &[Path]) -> R<Scanned<'a>> {
+    scan_with(documents, now, drop_metadata, paths, &Options::default())
+}
+
+/// `scan`, and what `options` asks.
+pub fn scan_with<'a>(documents: &[&'a [u8]], now: i64, drop_metadata: bool, paths: &[Path], options: &Options<'a, '_>) -> R<Scanned<'a>> {
+    let within = options.within;
+    if options.key.is_some_and(|(_, first)| first >= paths.len()) {
+        return Err(Outside);
+    }
     if let Some(buffer) = within {
         let range = buffer.as_ptr_range();
         if !documents.iter().all(|d| range.start <= d.as_ptr() && d.as_ptr_range().end <= range.end) {
@@ -342,12 +385,15 @@ pub fn scan<'a>(documents: &[&'a [u8]], now: i64, drop_metadata: bool, paths: &[
         index: Vec::with_capacity(documents.len() * 8),
         buckets: Vec::new(),
         values: paths.iter().map(|_| Vec::with_capacity(documents.len())).collect(),
+        same: paths.iter().map(|_| Vec::with_capacity(documents.len())).collect(),
+        digests: Vec::with_capacity(if options.key.is_some() { documents.len() } else { 0 }),
     };
     let mut work = Work {
         p: P::at(b"", 0),
         top: Top { drop_metadata, members: Vec::new(), containers: Vec::new() },
         lookups: Lookups::default(),
         within,
+        key: options.key,
     };
     for doc in documents {
         let time = document(doc, now, paths, &mut out, &mut work)?;
@@ -396,7 +442,7 @@ mod tests {
     fn transcodes() {
         let docs: Vec<&[u8]> = vec![br#"{"a":1,"b":[true,null,"x\u00e9"],"@metadata":{"beat":"f"}}"#];
         let paths = vec![Path { lookup: Lookup::Walk, name: b"@metadata.beat".to_vec(), keys: vec![b"@metadata".to_vec(), b"beat".to_vec()] }];
-        let s = scan(&docs, 5_000_000_000, true, &paths, None).unwrap();
+        let s = scan(&docs, 5_000_000_000, true, &paths).unwrap();
         assert_eq!(s.values[0][0], Val::Str(b"f"));
         assert_eq!(s.buckets, vec![(0, 1)]);
         assert!(!check(&[br#"{"a":1,"a":2}"#]));
@@ -407,7 +453,7 @@ mod tests {
         let docs: Vec<&[u8]> = vec![br#"{"a":{"s":"x\"}]","n":[1,{"b":2},"]"],"t":true,"f":-1.5e3,"b":{"c":"d\u00e9"}}}"#];
         let keys = vec![b"a".to_vec(), b"b".to_vec(), b"c".to_vec()];
         let paths = vec![Path { lookup: Lookup::Walk, name: b"a.b.c".to_vec(), keys }];
-        let s = scan(&docs, 5_000_000_000, true, &paths, None).unwrap();
+        let s = scan(&docs, 5_000_000_000, true, &paths).unwrap();
         assert_eq!(s.values[0][0], Val::Owned("dé".as_bytes().to_vec()));
     }
 

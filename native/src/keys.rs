@@ -6,7 +6,8 @@
 //! not depend on which path made it. `"auto"`: `("id", @metadata._id)` for a non-empty
 //! id string, else `("line", agent.ephemeral_id, log.file.path, log.offset,
 //! @timestamp)` when those are strings and an integer; a field list: `(name, *values)`
-//! when every value is a scalar. Otherwise the event has no key.
+//! when every value is a scalar. Otherwise the event has no key. The scan makes each
+//! event's key right after reading it (`jsondoc::scan_with`), its bytes still in cache.
 
 use blake2::digest::{Update, VariableOutput};
 use blake2::Blake2bVar;
@@ -22,11 +23,6 @@ pub enum Spec {
     /// The key's name (`"fields:" + "\0".join(paths)`); the columns: the fields', then
     /// `agent.id`.
     Fields(Vec<u8>),
-}
-
-pub struct Key<'v> {
-    pub sender: &'v [u8],
-    pub digest: [u8; DIGEST_BYTES],
 }
 
 fn array_head(o: &mut Vec<u8>, n: usize) {
@@ -154,26 +150,15 @@ pub fn digest(data: &[u8]) -> [u8; DIGEST_BYTES] {
     out
 }
 
-/// Every event's key from `columns` (per path, per event; the sender's last); None
-/// where no event has one.
-pub fn keys<'v>(spec: &Spec, columns: &'v [Vec<Val<'_>>]) -> Option<Vec<Option<Key<'v>>>> {
-    let events = columns.first().map_or(0, |c| c.len());
-    let mut out = Vec::with_capacity(events);
-    let mut data = Vec::new();
-    let mut found = false;
-    let mut row: Vec<&Val> = Vec::with_capacity(columns.len());
-    for e in 0..events {
-        row.clear();
-        row.extend(columns.iter().map(|c| &c[e]));
-        if !material(spec, &row, &mut data) {
-            out.push(None);
-            continue;
-        }
-        let sender = row.last().and_then(|v| text(v)).unwrap_or(b"");
-        out.push(Some(Key { sender, digest: digest(&data) }));
-        found = true;
-    }
-    found.then_some(out)
+/// One event's key digest from its values at the key's paths (`row`, the sender's
+/// last), `data` a buffer for the material; None: the event has no key.
+pub fn event_key(spec: &Spec, row: &[&Val], data: &mut Vec<u8>) -> Option<[u8; DIGEST_BYTES]> {
+    material(spec, row, data).then(|| digest(data))
+}
+
+/// A key's sender: `agent.id`'s text, else empty.
+pub fn sender<'v>(v: &'v Val<'_>) -> &'v [u8] {
+    text(v).unwrap_or(b"")
 }
 
 #[cfg(test)]

@@ -428,48 +428,43 @@ fn scanned<'py>(
             (Some(if *kind == 0 { keys::Spec::Auto } else { keys::Spec::Fields(name.as_bytes().to_vec()) }), *first)
         }
     };
-    let within_bytes = within.map(|b| b.as_bytes());
-    let mut found = match guarded(py, || jsondoc::scan(docs, now, drop_metadata, &specs, within_bytes))? {
+    let options = jsondoc::Options { within: within.map(|b| b.as_bytes()), key: key_spec.as_ref().map(|spec| (spec, first)) };
+    let mut found = match guarded(py, || jsondoc::scan_with(docs, now, drop_metadata, &specs, &options))? {
         Ok(found) => found,
         Err(_) => return Ok(None),
     };
-    let keyed = match &key_spec {
-        Some(spec) => guarded(py, || keys::keys(spec, &found.values[first..]))?,
-        None => None,
-    };
     let values = PyList::empty(py);
-    for column in &found.values[..first] {
+    for (column, same) in found.values[..first].iter().zip(&found.same) {
         let list = PyList::empty(py);
         let mut last = None;
-        for v in column {
-            list.append(value_object(py, v, &mut last)?)?;
+        for (v, &same) in column.iter().zip(same) {
+            list.append(value_object(py, v, same, &mut last)?)?;
         }
         values.append(list)?;
     }
-    let keys = match keyed {
-        None => None,
-        Some(keyed) => {
+    let keys = match key_spec {
+        Some(_) if found.digests.iter().any(Option::is_some) => {
             let list = PyList::empty(py);
-            let mut last: Option<(&[u8], Bound<'py, PyString>)> = None;
-            for k in &keyed {
-                match k {
-                    None => list.append(py.None())?,
-                    Some(keys::Key { sender, digest }) => {
-                        let sender = match &last {
-                            Some((text, obj)) if text == sender => obj.clone(),
-                            _ => {
-                                let text = std::str::from_utf8(sender).map_err(|_| PyRuntimeError::new_err("not UTF-8"))?;
-                                let obj = PyString::new(py, text);
-                                last = Some((sender, obj.clone()));
-                                obj
-                            }
-                        };
-                        list.append((sender, PyBytes::new(py, digest)))?;
+            let (senders, same) = (&found.values[found.values.len() - 1], &found.same[found.values.len() - 1]);
+            let mut last: Option<Bound<'py, PyString>> = None;
+            for ((digest, sender), &same) in found.digests.iter().zip(senders).zip(same) {
+                let sender = match &last {
+                    Some(obj) if same => obj.clone(),
+                    _ => {
+                        let text = std::str::from_utf8(keys::sender(sender)).map_err(|_| PyRuntimeError::new_err("not UTF-8"))?;
+                        let obj = PyString::new(py, text);
+                        last = Some(obj.clone());
+                        obj
                     }
+                };
+                match digest {
+                    None => list.append(py.None())?,
+                    Some(digest) => list.append((sender, PyBytes::new(py, digest)))?,
                 }
             }
             Some(list)
         }
+        _ => None,
     };
     let index: Vec<u32> = found.index.iter().flat_map(|s| [s.at, s.start, s.end]).collect();
     let data = match within {
@@ -485,8 +480,9 @@ fn scanned<'py>(
 }
 
 /// A scanned value as Python's; `last` keeps the str of the run of equal texts (events
-/// of one sender mostly repeat a field's text: one str object for a run).
-fn value_object<'py, 'v>(py: Python<'py>, v: &'v jsonparse::Val<'_>, last: &mut Option<(&'v [u8], Bound<'py, PyAny>)>) -> PyResult<Bound<'py, PyAny>> {
+/// of one sender mostly repeat a field's text: one str object for a run), `same` says
+/// this value is the previous one (`jsondoc::Scanned::same`).
+fn value_object<'py>(py: Python<'py>, v: &jsonparse::Val<'_>, same: bool, last: &mut Option<Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyAny>> {
     Ok(match v {
         jsonparse::Val::Missing => py.None().into_bound(py),
         jsonparse::Val::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
@@ -500,11 +496,11 @@ fn value_object<'py, 'v>(py: Python<'py>, v: &'v jsonparse::Val<'_>, last: &mut 
                 _ => unreachable!(),
             };
             match last {
-                Some((text, obj)) if *text == bytes => obj.clone(),
+                Some(obj) if same => obj.clone(),
                 _ => {
                     let text = std::str::from_utf8(bytes).map_err(|_| PyRuntimeError::new_err("not UTF-8"))?;
                     let obj = PyString::new(py, text).into_any();
-                    *last = Some((bytes, obj.clone()));
+                    *last = Some(obj.clone());
                     obj
                 }
             }
