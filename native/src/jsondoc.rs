@@ -176,8 +176,9 @@ fn lookups<'a>(doc: &'a [u8], top: &Top<'a>, paths: &[Path], columns: &mut [Vec<
     while from < nested.len() {
         let start = nested[from].0;
         let to = from + nested[from..].iter().take_while(|(s, _)| *s == start).count();
-        let group: Vec<usize> = nested[from..to].iter().map(|&(_, i)| i).collect();
-        walk(doc, start, 1, &group, paths, columns, &mut work.scratch)?;
+        let mut group = Group::default();
+        nested[from..to].iter().for_each(|&(_, i)| group.push(i));
+        walk(doc, start, 1, group.as_slice(), paths, columns, &mut work.scratch)?;
         from = to;
     }
     work.nested = nested;
@@ -186,6 +187,36 @@ fn lookups<'a>(doc: &'a [u8], top: &Top<'a>, paths: &[Path], columns: &mut [Vec<
         same.push(n > 1 && column[n - 1] == column[n - 2]);
     }
     Ok(())
+}
+
+/// Path indices, on the stack up to 8 (a key's six paths and a tag's), else on the heap.
+#[derive(Default)]
+struct Group {
+    few: [usize; 8],
+    n: usize,
+    many: Vec<usize>,
+}
+
+impl Group {
+    fn push(&mut self, i: usize) {
+        if self.n < self.few.len() {
+            self.few[self.n] = i;
+        } else {
+            if self.many.is_empty() {
+                self.many.extend_from_slice(&self.few);
+            }
+            self.many.push(i);
+        }
+        self.n += 1;
+    }
+
+    fn as_slice(&self) -> &[usize] {
+        if self.n <= self.few.len() {
+            &self.few[..self.n]
+        } else {
+            &self.many
+        }
+    }
 }
 
 /// Reusable buffers of `lookups`.
@@ -220,23 +251,34 @@ fn walk<'a>(doc: &'a [u8], start: usize, depth: usize, group: &[usize], paths: &
         p.expect(b':')?;
         p.skip_ws();
         let at = p.i;
-        let wanting = |i: &&usize| paths[**i].keys[depth] == *key;
-        if group.iter().any(|i| wanting(&i)) {
+        // The paths of `group` that name this member: ending here, or going deeper.
+        let (mut ends, mut deeper) = (Group::default(), Group::default());
+        for &i in group {
+            let keys = &paths[i].keys;
+            if keys[depth] == *key {
+                if keys.len() == depth + 1 {
+                    ends.push(i);
+                } else {
+                    deeper.push(i);
+                }
+            }
+        }
+        let (ends, deeper) = (ends.as_slice(), deeper.as_slice());
+        if !ends.is_empty() || !deeper.is_empty() {
             // Keys are unique (the document was checked): this member is the only match.
-            let deeper: Vec<usize> = group.iter().filter(wanting).filter(|&&i| paths[i].keys.len() > depth + 1).copied().collect();
-            let ends = group.iter().filter(wanting).filter(|&&i| paths[i].keys.len() == depth + 1).count();
-            if ends > 0 {
+            if let Some((&first, rest)) = ends.split_first() {
                 let v = p.value(&mut None, scratch, 1)?;
-                for &i in group.iter().filter(wanting).filter(|&&i| paths[i].keys.len() == depth + 1) {
+                for &i in rest {
                     *columns[i].last_mut().expect("pushed") = v.clone();
                 }
+                *columns[first].last_mut().expect("pushed") = v;
             } else {
                 p.skip_value()?;
             }
             if !deeper.is_empty() {
-                walk(doc, at, depth + 1, &deeper, paths, columns, scratch)?;
+                walk(doc, at, depth + 1, deeper, paths, columns, scratch)?;
             }
-            left -= ends + deeper.len();
+            left -= ends.len() + deeper.len();
             if left == 0 {
                 return Ok(());
             }
@@ -455,6 +497,18 @@ mod tests {
         let paths = vec![Path { lookup: Lookup::Walk, name: b"a.b.c".to_vec(), keys }];
         let s = scan(&docs, 5_000_000_000, true, &paths).unwrap();
         assert_eq!(s.values[0][0], Val::Owned("dé".as_bytes().to_vec()));
+    }
+
+    #[test]
+    fn lookups_skip_strings_eight_bytes_at_a_time() {
+        // An escaped quote or backslash at every place of a chunk of a skipped member.
+        for n in 0..20 {
+            let pad = "x".repeat(n);
+            let doc = format!(r#"{{"a":{{"s":"{pad}\"{pad}\\","t":["{pad}\\\"",{{"u":"{pad}"}}],"b":{n}}}}}"#);
+            let paths = vec![Path { lookup: Lookup::Walk, name: b"a.b".to_vec(), keys: vec![b"a".to_vec(), b"b".to_vec()] }];
+            let s = scan(&[doc.as_bytes()], 5_000_000_000, false, &paths).unwrap();
+            assert_eq!(s.values[0][0], Val::Int(n as i64), "{doc}");
+        }
     }
 
     #[test]

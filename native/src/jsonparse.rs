@@ -58,6 +58,13 @@ fn maybe_special(v: u64) -> bool {
     (zero(v ^ (ONES * b'"' as u64)) | zero(v ^ (ONES * b'\\' as u64)) | (v.wrapping_sub(ONES * 0x20) & !v & HIGH)) != 0
 }
 
+/// Whether any of the 8 bytes of `v` may be a quote or a backslash (false alarms allowed).
+#[inline]
+fn quote_or_backslash(v: u64) -> bool {
+    let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
+    (zero(v ^ (ONES * b'"' as u64)) | zero(v ^ (ONES * b'\\' as u64))) != 0
+}
+
 #[inline]
 fn ws(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\r')
@@ -109,14 +116,24 @@ impl<'a> P<'a> {
     /// Past a string's closing quote, from after its opening one, in a document read
     /// whole once already (no checks but bounds).
     fn skip_string(&mut self) -> R<()> {
+        let s = self.s;
+        let mut j = self.i;
         loop {
-            match self.peek()? {
-                b'"' => {
-                    self.i += 1;
+            // Eight bytes at a time up to the next quote or backslash.
+            while let Some(chunk) = s.get(j..j + 8) {
+                if quote_or_backslash(u64::from_le_bytes(chunk.try_into().map_err(|_| Outside)?)) {
+                    break;
+                }
+                j += 8;
+            }
+            match s.get(j) {
+                None => return Err(Outside),
+                Some(b'"') => {
+                    self.i = j + 1;
                     return Ok(());
                 }
-                b'\\' => self.i += 2,
-                _ => self.i += 1,
+                Some(b'\\') => j += 2,
+                Some(_) => j += 1,
             }
         }
     }
