@@ -236,3 +236,14 @@ def test_native_line_keys_are_the_python_key_makers(lines) -> None:
     docs = [json.dumps(r).encode() for r in records]
     _, keys = NativeReads(TagTemplate("t"), False, "auto").read(docs, NOW)
     assert keys is not None and keys == event_keys.key_maker("auto")(records)
+
+
+def test_a_run_the_native_walk_declines_is_decoded_by_the_python_walk() -> None:
+    # json_frames answers None where an offset would not fit in 32 bits (a read of 4 GiB).
+    docs = [b'{"a":1}', b"[2]"]
+    data = lj.encode_window(2) + lj.encode_compressed(b"".join(lj.encode_json(i + 1, d) for i, d in enumerate(docs)))
+    decoder = lj.LumberjackDecoder(keep_documents=True)
+    decoder._json_frames_native = lambda *args: None
+    (_, events) = decoder.feed(data)
+    assert not events.undecoded and not events.runs
+    assert events == lj.LumberjackDecoder().feed(data)[1] and events.invalid == 1 and events.records == [{"a": 1}]
