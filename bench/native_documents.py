@@ -18,8 +18,9 @@ Both give the same table (tests/unit/test_native_documents.py). The paths run in
 process, alternating, ``--repeats`` times each, timed in CPU seconds of the process per
 million events; the ratio of each pair of neighbouring runs is the figure to read on a
 loaded machine. ``--stages`` also times the native path's parts alone: inflating the
-``C`` frames (zlib), the codec's feed (inflate, cut out the documents), the scan, the keys from the scanned values, the table build, and writing
-the table as Parquet (zstd).
+``C`` frames (zlib), the codec's feed (inflate, cut out the documents), the scan with
+and without the idempotency keys, the documents made bytes objects, the source's whole
+read, the table build, and writing the table as Parquet (zstd).
 
     .venv/bin/python bench/native_documents.py --repeats 7 --stages
 
@@ -54,7 +55,7 @@ from logrouter.sources import event_keys  # noqa: E402
 from logrouter.sources.events import TagTemplate, batch_builder  # noqa: E402
 from logrouter.sources.json_native import NativeReads  # noqa: E402
 from logrouter.wire import lumberjack as lj  # noqa: E402
-from logrouter.wire.json_lazy import DocumentEvents  # noqa: E402
+from logrouter.wire.json_lazy import DocumentEvents, split_runs  # noqa: E402
 
 TAG = "beats.${@metadata.beat}"
 NOW = 1_764_150_000_000_000_000
@@ -94,7 +95,7 @@ def native_path(data: list[bytes]) -> int:
         for message in decoder.feed(window):
             if isinstance(message, lj.Events):
                 assert message.undecoded
-                batch, _ = reads.read(message.documents, NOW)
+                batch, _ = reads.read_runs(message.runs, NOW)
                 pending.extend(batch.events)
     return _table(pending).num_rows
 
@@ -117,21 +118,22 @@ def stages(data: list[bytes], rounds: int, events: int) -> None:
     """The native path's parts alone, CPU µs per event."""
     blobs = [window[6 + 6 :] for window in data]  # the C frames' zlib streams
     inflated = [zlib.decompress(blob) for blob in blobs]
-    docs = [list(m.documents) for window in data for m in lj.LumberjackDecoder().feed(window) if isinstance(m, lj.Events)]
+    kept = [m.runs for window in data for m in lj.LumberjackDecoder(keep_documents=True).feed(window) if isinstance(m, lj.Events)]
     reads = NativeReads(TagTemplate(TAG), False, "auto")
-    scanned = [NATIVE.scan_documents(d, NOW, False, [tuple(p) for p in reads.paths]) for d in docs]
+    paths = [tuple(p) for p in reads.paths]
     pending, rewritten = PendingRows(), PendingRows()
-    for d in docs:
-        read = reads.read(d, NOW)[0].events
+    for r in kept:
+        read = reads.read_runs(r, NOW)[0].events
         pending.extend(read)
         rewritten.extend(DocumentEvents(read.entries, read.buckets, read.reference))  # no texts
     table = _table(pending)
-    _, keys_of = event_keys.value_key_maker("auto")
     parts = {
         "codec feed (inflate, cut out)": lambda: [lj.LumberjackDecoder(keep_documents=True).feed(w) for w in data],
         "  of which inflate (zlib)": lambda: [zlib.decompress(b) for b in blobs],
-        "source: scan_documents": lambda: [NATIVE.scan_documents(d, NOW, False, [tuple(p) for p in reads.paths]) for d in docs],
-        "source: keys from scanned values": lambda: [keys_of(s[2][1:]) for s in scanned],
+        "source: scan_runs, no keys": lambda: [NATIVE.scan_runs(r, NOW, False, paths[:1]) for r in kept],
+        "source: scan_runs with keys": lambda: [NATIVE.scan_runs(r, NOW, False, paths, reads.key) for r in kept],
+        "source: the documents as bytes": lambda: [split_runs(r) for r in kept],
+        "source: whole read (batch, keys)": lambda: [reads.read_runs(r, NOW) for r in kept],
         "lake: schema + table build": lambda: _table(pending),
         "  same, _extra all from msgpack": lambda: _table(rewritten),
         "lake: Parquet write (zstd)": lambda: pq.write_table(table, io.BytesIO(), compression="zstd"),
@@ -156,7 +158,7 @@ def against(path: str, data: list[bytes], rounds: int, repeats: int) -> None:
     spec = importlib.util.spec_from_file_location("logrouter_native", path)
     other = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(other)  # type: ignore[union-attr]
-    docs = [list(m.documents) for window in data for m in lj.LumberjackDecoder().feed(window) if isinstance(m, lj.Events)]
+    docs = [split_runs(m.runs)[0] for window in data for m in lj.LumberjackDecoder(keep_documents=True).feed(window) if isinstance(m, lj.Events)]
     paths = [tuple(p) for p in NativeReads(TagTemplate(TAG), False, "auto").paths]
     events = sum(map(len, docs))
     runs: dict[str, list[float]] = {"other": [], "this": []}

@@ -27,6 +27,9 @@ A key is ``(sender, digest)``: the sender is ``agent.id`` (stable across a Beat'
 restarts; ``""`` without one) and scopes the bounded window the router keeps
 (``logrouter.dedupe.EventWindows``); the digest is 16 bytes of BLAKE2b over the values
 (with their types and which rule found them), so the window holds a fixed size per event.
+
+``key_maker`` makes them of decoded records, the reference; a read the native extension
+takes gets them from its scan (``native_key``), which hashes the same bytes.
 """
 
 from __future__ import annotations
@@ -98,6 +101,11 @@ def key_maker(spec: str | list[str]) -> KeyMaker | None:
     return _fields(list(spec), _getter(SENDER_FIELD))
 
 
+def _fields_name(paths: list[str]) -> str:
+    """The first value a field list's keys hash: another field list names other events."""
+    return "fields:" + "\0".join(paths)
+
+
 def _digest(values: tuple) -> bytes:
     return hashlib.blake2b(_encode(values), digest_size=DIGEST_BYTES).digest()
 
@@ -157,7 +165,7 @@ _EMPTY: dict[str, Any] = {}
 
 def _fields(paths: list[str], sender_of: Callable[[dict[str, Any]], Any]) -> KeyMaker:
     getters = [_getter(path) for path in paths]
-    name = "fields:" + "\0".join(paths)  # another field list names other events
+    name = _fields_name(paths)
 
     def keys(records: list[dict[str, Any]]) -> list[Key | None] | None:
         out: list[Key | None] = []
@@ -180,71 +188,21 @@ def _fields(paths: list[str], sender_of: Callable[[dict[str, Any]], Any]) -> Key
     return keys
 
 
-# -- keys from looked-up values (a read the native extension keeps undecoded) -------------
+# -- keys made by the native scan (a read the extension keeps undecoded) -------------------
 
 _AUTO_PATHS = ("@metadata._id", "log.offset", "log.file.path", "agent.ephemeral_id", "@timestamp", SENDER_FIELD)
-ValuesKeyMaker = Callable[[list[list[Any]]], "list[Key | None] | None"]
+AUTO_KIND, FIELDS_KIND = 0, 1
 
 
-def value_key_maker(spec: str | list[str]) -> tuple[list[Path], ValuesKeyMaker] | None:
-    """For ``spec`` other than ``"off"``: the field paths whose values a key needs, and
-    the function giving the keys (as ``key_maker``'s) from those values, one list per
-    path (``json_lazy.scan_documents``: None for missing or null, ``CONTAINER`` for an
-    object or array). The lookups are the ones ``key_maker`` makes."""
+def native_key(spec: str | list[str]) -> tuple[list[Path], int, str] | None:
+    """For ``spec`` other than ``"off"``: the field paths a key needs (the sender's
+    last), and what the native scan is asked to make of their values (``kind``, ``name``:
+    ``AUTO_KIND``, or ``FIELDS_KIND`` and the list's name), which gives the keys
+    ``key_maker`` gives the decoded records (``native/src/keys.rs``: the same lookups,
+    the same msgpack, the same BLAKE2b)."""
     if spec == OFF:
         return None
-    blake2b = hashlib.blake2b
-    encode = _encode
-    size = DIGEST_BYTES
     if spec == AUTO:
-        paths = [(WALK, path, tuple(path.split("."))) for path in _AUTO_PATHS]
-
-        def auto(columns: list[list[Any]]) -> list[Key | None] | None:
-            out: list[Key | None] = []
-            append = out.append
-            found = False
-            for doc_id, offset, path, ephemeral, stamp, sender in zip(*columns):
-                if doc_id.__class__ is str and doc_id:
-                    values: tuple = ("id", doc_id)
-                elif (
-                    offset.__class__ is int
-                    and path.__class__ is str
-                    and ephemeral.__class__ is str
-                    and stamp.__class__ is str
-                ):
-                    values = ("line", ephemeral, path, offset, stamp)
-                else:
-                    append(None)
-                    continue
-                try:
-                    data = encode(values)
-                except _UNENCODABLE:
-                    append(None)
-                    continue
-                append((sender if sender.__class__ is str else "", blake2b(data, digest_size=size).digest()))
-                found = True
-            return out if found else None
-
-        return paths, auto
+        return [(WALK, path, tuple(path.split("."))) for path in _AUTO_PATHS], AUTO_KIND, ""
     names = list(spec)
-    paths = [(DOTTED_FIRST, path, tuple(path.split("."))) for path in [*names, SENDER_FIELD]]
-    name = "fields:" + "\0".join(names)
-
-    def fields(columns: list[list[Any]]) -> list[Key | None] | None:
-        out: list[Key | None] = []
-        found = False
-        for row in zip(*columns):
-            values, sender = row[:-1], row[-1]
-            if not all(isinstance(v, _SCALARS) for v in values):
-                out.append(None)
-                continue
-            try:
-                digest = _digest((name, *values))
-            except _UNENCODABLE:
-                out.append(None)
-                continue
-            out.append((sender if sender.__class__ is str else "", digest))
-            found = True
-        return out if found else None
-
-    return paths, fields
+    return [(DOTTED_FIRST, path, tuple(path.split("."))) for path in [*names, SENDER_FIELD]], FIELDS_KIND, _fields_name(names)

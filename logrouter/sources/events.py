@@ -366,7 +366,7 @@ def events_of_documents(documents: list[bytes], now: int, drop_metadata: bool) -
     else ``decode_documents``'."""
     found = scan_documents(documents, now, drop_metadata, [])
     if found is not None:
-        entries, buckets, _, texts = found
+        entries, buckets, _, texts, _ = found
         return DocumentEvents(entries, buckets, partial(decode_documents, documents, now, drop_metadata), texts)
     return decode_documents(documents, now, drop_metadata)
 

@@ -89,10 +89,13 @@ class LumberjackProtocol(AckingConnection, StreamProtocol):
         source: LumberjackSource = self.source  # type: ignore[assignment]
         now = int(source.reactor.seconds() * NANOS)
         read = None
+        # The spool stores the C frames' payloads as they came when they hold all of it.
+        compressed = message.payload_frames if message.payload_frames == message.frames else -1
         if message.undecoded:
             # The documents as received: read natively where the extension takes them all
             # (one batch), else decoded here (counting those that are no JSON object).
-            read = source.native_reads.read(message.documents, now)
+            whole = (message.payloads, message.inflated_bytes) if message.payloads and compressed >= 0 else None
+            read = source.native_reads.read_runs(message.runs, now, whole)
             if read is None:
                 wire.decode_group(message)
         if message.invalid:
@@ -104,8 +107,6 @@ class LumberjackProtocol(AckingConnection, StreamProtocol):
                 window=message.window,
                 reason=message.invalid_reason,
             )
-        # The spool stores the C frames' payloads as they came when they hold all of it.
-        compressed = message.payload_frames if message.payload_frames == message.frames else -1
         if read is not None:
             batch, keys = read
             store_compressed(batch, LUMBERJACK_ZLIB, message.payloads, message.inflated_bytes, compressed)

@@ -57,6 +57,7 @@ from logrouter.native import NATIVE
 from logrouter.wire import json_text
 from logrouter.wire.errors import DecodeError
 from logrouter.wire.inflate import InflateError, inflate
+from logrouter.wire.json_lazy import split_runs
 from logrouter.wire.lumberjack_acks import Ack, AckDecoder, encode_ack
 from logrouter.wire.lumberjack_frames import (
     CLIENT_FRAMES,
@@ -118,9 +119,9 @@ def decode_group(group: Events) -> None:
     """Decode an ``Events`` kept undecoded (``records`` its documents) into what the
     Python path gives: the records of the JSON objects, the others counted invalid."""
     if group.undecoded:
-        documents, seqs = group.records, group.seqs
-        group.records, group.documents, group.seqs, group.undecoded = [], [], [], False
-        add_documents(group, documents, seqs)  # type: ignore[arg-type]
+        documents, seqs = split_runs(group.runs)
+        group.runs, group.undecoded = [], False
+        add_documents(group, documents, seqs)
 
 
 def add_documents(group: Events, documents: list[bytes], seqs: list[int]) -> None:
@@ -169,8 +170,10 @@ class LumberjackDecoder:
         self.max_decompressed_bytes = max_decompressed_bytes
         self.max_event_bytes = max_event_bytes
         self.max_data_fields = max_data_fields
-        # Runs of J frames stay undecoded, for the source's native read (Events.undecoded).
-        self.keep_documents = keep_documents and NATIVE is not None
+        # Runs of J frames stay undecoded, for the source's native read (Events.undecoded),
+        # cut out natively (an extension built before json_frames: decoded here).
+        self._json_frames_native = getattr(NATIVE, "json_frames", None) if keep_documents else None
+        self.keep_documents = self._json_frames_native is not None
         # One event may be no larger than either limit; errors name the one that bit.
         if max_event_bytes < max_frame_bytes:
             self._event_limit, self._event_limit_name = max_event_bytes, "max_event_bytes"
@@ -372,7 +375,7 @@ class LumberjackDecoder:
         return len(self._out), group, (
             len(group.records), len(group.documents), group.documents_match,
             group.frames, group.invalid, group.invalid_reason, group.ack_seq, group.complete, group.undecoded,
-            len(group.seqs),
+            len(group.runs),
         )
 
     def _rollback(self, mark: tuple[int, Events | None, tuple[Any, ...]]) -> None:
@@ -386,7 +389,7 @@ class LumberjackDecoder:
             group.frames, group.invalid, group.invalid_reason, group.ack_seq, group.complete = fields[3:8]
             # Records decoded since the mark stay decoded; a group undecoded since is empty again.
             group.undecoded = group.undecoded and fields[8]
-            del group.seqs[fields[9] :]
+            del group.runs[fields[9] :]
         self._c_mark = None
 
     def _keep_payload(self, payload: bytes, inflated: int, out_before: int, group_before: Events | None, frames_before: int) -> None:
@@ -422,17 +425,34 @@ class LumberjackDecoder:
         """Decode the run of whole ``J`` frames starting at ``pos`` (the caller checked
         that the first one is whole); return where the run stopped.
 
-        This is the per-event hot path, in two tight passes: the frames' documents cut
-        out (one unpack, one slice each), then all of them decoded at once
+        This is the per-event hot path. Kept undecoded (``keep_documents``), the run is
+        cut out natively (``logrouter_native.json_frames``: where each document lies in
+        ``buf``, no bytes object per document; this walk below is its reference, and
+        they stop at the same frame). Else in two tight passes: the frames' documents
+        cut out (one unpack, one slice each), then all of them decoded at once
         (``json_text.objects_or_none``). A document that is not an object msgspec reads
         sends the run one by one (``json_text.objects_or_reasons``), each document
         getting its own verdict.
         """
         group = self._open_group()
+        json_tag = self._vbyte << 8 | JSON
+        if self.keep_documents and (group.undecoded or not group.records):
+            # Offsets from the buffer's start where it is the inflated payload (kept
+            # whole); else from the run's, which is copied out of the receive buffer.
+            inflated = buf.__class__ is bytes
+            base = 0 if inflated else pos
+            found = self._json_frames_native(buf, pos, end, json_tag, self._event_limit, self._frames_left, self._top_seq, base)  # type: ignore[misc]
+            if found is not None:
+                stop, top, spans = found
+                frames = len(spans) // 12
+                group.undecoded = True
+                group.runs.append((buf if inflated else bytes(buf[pos:stop]), spans))  # type: ignore[arg-type]
+                self._frames_left -= frames
+                self._close_run(group, frames, top)
+                return stop
         documents: list[bytes] = []
         keep = documents.append
         unpack = _TAG_U32X2.unpack_from
-        json_tag = self._vbyte << 8 | JSON
         limit = self._event_limit
         top = self._top_seq
         seqs: list[int] = []
@@ -452,16 +472,9 @@ class LumberjackDecoder:
                 top = seq
             pos = stop
         frames = len(documents)
-        if self.keep_documents and (group.undecoded or not group.records):
-            # Left undecoded for the source's native read, which checks them (Events.undecoded).
-            group.undecoded = True
-            group.records.extend(documents)
-            group.documents.extend(documents)
-            group.seqs.extend(seqs)
-        else:
-            if group.undecoded:
-                decode_group(group)
-            add_documents(group, documents, seqs)
+        if group.undecoded:
+            decode_group(group)
+        add_documents(group, documents, seqs)
         self._frames_left -= frames
         self._close_run(group, frames, top)
         return pos

@@ -87,10 +87,12 @@ class Events:
     JSON object, with the first reason in ``invalid_reason``. ``complete`` says whether
     the window has now received at least its announced count. ``window`` is 0 for data
     frames that arrived before any ``W``. ``undecoded``: the decoder was asked to keep
-    the ``J`` documents undecoded (the native extension is installed), and did:
-    ``records`` are then the documents themselves, not yet checked (``invalid`` does not
-    count them yet), for the caller to read natively (``logrouter.wire.json_lazy``) or
-    decode (``lumberjack.decode_group``, which counts the invalid ones).
+    the ``J`` documents undecoded (the native extension is installed), and did: they
+    are then in ``runs`` (``records`` and ``documents`` empty), each ``(buffer,
+    spans)``, the inflated payload (or a copy of the plain frames) and where its
+    documents lie (``logrouter_native.json_frames``), not yet checked (``invalid`` does
+    not count them yet), for the caller to read natively (``logrouter.wire.json_lazy``)
+    or decode (``lumberjack.decode_group``, which counts the invalid ones).
 
     ``payloads`` are the payloads of the top-level ``C`` frames (their zlib streams, as
     received) that held nothing but ``J`` frames of this group, ``payload_frames`` those
@@ -110,7 +112,7 @@ class Events:
     invalid_reason: str | None = None
     complete: bool = False
     undecoded: bool = field(default=False, compare=False, repr=False)
-    seqs: list[int] = field(default_factory=list, compare=False, repr=False)  # of the undecoded documents
+    runs: list[tuple[bytes, bytes]] = field(default_factory=list, compare=False, repr=False)
     payloads: list[bytes] = field(default_factory=list, compare=False, repr=False)
     payload_frames: int = field(default=0, compare=False, repr=False)
     inflated_bytes: int = field(default=0, compare=False, repr=False)

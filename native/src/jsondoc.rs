@@ -20,6 +20,7 @@
 //! whole list goes to the Python path, the reference.
 
 use crate::jsonparse::{Top, Val, P};
+use crate::keys;
 use crate::reader::{hour_bucket, Outside, R, NANOS_PER_SECOND};
 
 
@@ -48,6 +49,21 @@ pub struct Scanned<'a> {
     pub buckets: Vec<(i64, usize)>,
     /// Per path, per event.
     pub values: Vec<Vec<Val<'a>>>,
+    /// Per path, per event: whether the value is the previous event's (told while both
+    /// documents are in cache, so that making Python objects of them reads neither).
+    pub same: Vec<Vec<bool>>,
+    /// Per event, with `Options::key`: its key's digest, or None where it has no key.
+    pub digests: Vec<Option<[u8; keys::DIGEST_BYTES]>>,
+}
+
+/// What `scan_with` does besides `scan`.
+#[derive(Default)]
+pub struct Options<'a, 's> {
+    /// A buffer every document lies in: `texts` then stays empty and `index` points
+    /// into that buffer instead.
+    pub within: Option<&'a [u8]>,
+    /// An idempotency key made of the values of the paths from the given one on.
+    pub key: Option<(&'s keys::Spec, usize)>,
 }
 
 /// A top-level container of a record: its msgpack's offset in the entries blob and its
@@ -129,84 +145,168 @@ pub fn stamp_time(t: &[u8]) -> R<Option<i64>> {
     Err(Outside) // offsets and other ISO forms: datetime.fromisoformat decides
 }
 
-/// The value at `path` in the record whose top-level members are `top`.
-fn lookup<'a>(doc: &'a [u8], top: &Top<'a>, path: &Path) -> R<Val<'a>> {
+/// The values at `paths` in the record whose top-level members are `top`, pushed onto
+/// `columns` (one per path). Each nested object a path enters is read once for all the
+/// paths that enter it (Filebeat's keys read `agent`, `log` and `@metadata` twice each).
+fn lookups<'a>(doc: &'a [u8], top: &Top<'a>, paths: &[Path], columns: &mut [Vec<Val<'a>>], same: &mut [Vec<bool>], work: &mut Lookups) -> R<()> {
     let member = |name: &[u8]| top.members.iter().find(|(k, ..)| &**k == name);
-    if path.lookup == Lookup::DottedFirst && path.keys.len() > 1 {
-        if let Some((_, _, _, v)) = member(&path.name) {
-            if *v != Val::Missing {
-                return Ok(v.clone());
+    work.nested.clear();
+    for (i, path) in paths.iter().enumerate() {
+        columns[i].push(Val::Missing);
+        if path.lookup == Lookup::DottedFirst && path.keys.len() > 1 {
+            if let Some((_, _, _, v)) = member(&path.name) {
+                if *v != Val::Missing {
+                    *columns[i].last_mut().expect("pushed") = v.clone();
+                    continue;
+                }
+            }
+        }
+        if let Some((_, start, _, first)) = member(&path.keys[0]) {
+            if path.keys.len() == 1 {
+                *columns[i].last_mut().expect("pushed") = first.clone();
+            } else if *first == Val::Container {
+                work.nested.push((*start, i));
             }
         }
     }
-    let (_, mut start, _, first) = match member(&path.keys[0]) {
-        Some(m) => m.clone(),
-        None => return Ok(Val::Missing),
-    };
-    if path.keys.len() == 1 {
-        return Ok(first);
+    // Paths entering the same top-level member together (same start), in one walk.
+    work.nested.sort_unstable();
+    let nested = std::mem::take(&mut work.nested);
+    let mut from = 0;
+    while from < nested.len() {
+        let start = nested[from].0;
+        let to = from + nested[from..].iter().take_while(|(s, _)| *s == start).count();
+        let mut group = Group::default();
+        nested[from..to].iter().for_each(|&(_, i)| group.push(i));
+        walk(doc, start, 1, group.as_slice(), paths, columns, &mut work.scratch)?;
+        from = to;
     }
-    let mut scratch = Vec::new();
-    let last = path.keys.len() - 1;
-    for (depth, key) in path.keys.iter().enumerate().skip(1) {
-        let mut p = P::at(doc, start); // `doc` passed `P::new` in `document`
-        if p.peek()? != b'{' {
-            return Ok(Val::Missing);
+    work.nested = nested;
+    for (column, same) in columns.iter().zip(same.iter_mut()) {
+        let n = column.len();
+        same.push(n > 1 && column[n - 1] == column[n - 2]);
+    }
+    Ok(())
+}
+
+/// Path indices, on the stack up to 8 (a key's six paths and a tag's), else on the heap.
+#[derive(Default)]
+struct Group {
+    few: [usize; 8],
+    n: usize,
+    many: Vec<usize>,
+}
+
+impl Group {
+    fn push(&mut self, i: usize) {
+        if self.n < self.few.len() {
+            self.few[self.n] = i;
+        } else {
+            if self.many.is_empty() {
+                self.many.extend_from_slice(&self.few);
+            }
+            self.many.push(i);
         }
-        p.i += 1;
-        // Find `key` among the object's members (the document was checked already).
-        let mut found = None;
+        self.n += 1;
+    }
+
+    fn as_slice(&self) -> &[usize] {
+        if self.n <= self.few.len() {
+            &self.few[..self.n]
+        } else {
+            &self.many
+        }
+    }
+}
+
+/// Reusable buffers of `lookups`.
+#[derive(Default)]
+struct Lookups {
+    nested: Vec<(usize, usize)>,
+    scratch: Vec<u8>,
+}
+
+/// Find the `depth`th key of each path of `group` (indices into `paths`) in the object
+/// (if it is one) at `start` of `doc`, which was checked whole already; set the value
+/// of those that end there, walk on for those that go deeper.
+fn walk<'a>(doc: &'a [u8], start: usize, depth: usize, group: &[usize], paths: &[Path], columns: &mut [Vec<Val<'a>>], scratch: &mut Vec<u8>) -> R<()> {
+    let mut p = P::at(doc, start); // `doc` passed `P::new` in `document`
+    if p.peek()? != b'{' {
+        return Ok(());
+    }
+    p.i += 1;
+    p.skip_ws();
+    if p.peek()? == b'}' {
+        return Ok(());
+    }
+    let mut left = group.len();
+    loop {
         p.skip_ws();
-        if p.peek()? != b'}' {
-            loop {
-                p.skip_ws();
-                p.expect(b'"')?;
-                let same = match p.string(&mut scratch)? {
-                    Some(raw) => raw == &key[..],
-                    None => scratch == *key,
-                };
-                p.skip_ws();
-                p.expect(b':')?;
-                p.skip_ws();
-                let at = p.i;
-                if same {
-                    found = Some((at, p.value(&mut None, &mut scratch, 1)?));
-                    break;
-                }
-                p.skip_value()?;
-                p.skip_ws();
-                if p.peek()? == b',' {
-                    p.i += 1;
+        p.expect(b'"')?;
+        let key: std::borrow::Cow<'a, [u8]> = match p.string(scratch)? {
+            Some(raw) => raw.into(),
+            None => scratch.clone().into(),
+        };
+        p.skip_ws();
+        p.expect(b':')?;
+        p.skip_ws();
+        let at = p.i;
+        // The paths of `group` that name this member: ending here, or going deeper.
+        let (mut ends, mut deeper) = (Group::default(), Group::default());
+        for &i in group {
+            let keys = &paths[i].keys;
+            if keys[depth] == *key {
+                if keys.len() == depth + 1 {
+                    ends.push(i);
                 } else {
-                    break;
+                    deeper.push(i);
                 }
             }
         }
-        match found {
-            None => return Ok(Val::Missing),
-            Some((at, v)) => {
-                if depth == last {
-                    return Ok(v);
+        let (ends, deeper) = (ends.as_slice(), deeper.as_slice());
+        if !ends.is_empty() || !deeper.is_empty() {
+            // Keys are unique (the document was checked): this member is the only match.
+            if let Some((&first, rest)) = ends.split_first() {
+                let v = p.value(&mut None, scratch, 1)?;
+                for &i in rest {
+                    *columns[i].last_mut().expect("pushed") = v.clone();
                 }
-                start = at;
+                *columns[first].last_mut().expect("pushed") = v;
+            } else {
+                p.skip_value()?;
             }
+            if !deeper.is_empty() {
+                walk(doc, at, depth + 1, deeper, paths, columns, scratch)?;
+            }
+            left -= ends.len() + deeper.len();
+            if left == 0 {
+                return Ok(());
+            }
+        } else {
+            p.skip_value()?;
+        }
+        p.skip_ws();
+        if p.peek()? == b',' {
+            p.i += 1;
+        } else {
+            return Ok(());
         }
     }
-    Ok(Val::Missing)
 }
 
 /// One document: its record as msgpack into `blob` (after the entry's head, which the
 /// caller writes once the time is known), its time, and the paths' values.
-fn document<'a>(doc: &'a [u8], now: i64, drop_metadata: bool, paths: &[Path], out: &mut Scanned<'a>) -> R<i64> {
+fn document<'a>(doc: &'a [u8], now: i64, paths: &[Path], out: &mut Scanned<'a>, work: &mut Work<'a, '_>) -> R<i64> {
     let blob = &mut out.blob;
-    let mut p = P::new(doc)?;
+    let (p, top) = (&mut work.p, &mut work.top);
+    p.restart(doc)?;
     p.skip_ws();
     p.expect(b'{')?;
     let head = blob.len();
     blob.extend_from_slice(&[0x92, 0xd7, 0x00, 0, 0, 0, 0, 0, 0, 0, 0]);
-    let mut top = Top { drop_metadata, members: Vec::new(), containers: Vec::new() };
-    let mut scratch = Vec::new();
-    p.object(&mut Some(blob), &mut scratch, 1, Some(&mut top))?;
+    top.members.clear();
+    top.containers.clear();
+    p.object(&mut Some(blob), &mut work.lookups.scratch, 1, Some(top))?;
     p.skip_ws();
     if p.i != doc.len() {
         return Err(Outside);
@@ -230,16 +330,50 @@ fn document<'a>(doc: &'a [u8], now: i64, drop_metadata: bool, paths: &[Path], ou
     let nanos = (time % NANOS_PER_SECOND) as u32;
     blob[head + 3..head + 7].copy_from_slice(&seconds.to_be_bytes());
     blob[head + 7..head + 11].copy_from_slice(&nanos.to_be_bytes());
-    for &(at, start, end) in &top.containers {
-        let from = out.texts.len();
-        out.texts.extend_from_slice(&doc[start..end]);
-        let offset = |n: usize| u32::try_from(n).map_err(|_| Outside); // a read of 4 GiB: Python's
-        out.index.push(Spliced { at: offset(at)?, start: offset(from)?, end: offset(out.texts.len())? });
+    let offset = |n: usize| u32::try_from(n).map_err(|_| Outside); // a read of 4 GiB: Python's
+    match work.within {
+        // The text where it lies in the buffer holding every document: no copy.
+        Some(buffer) => {
+            let base = doc.as_ptr() as usize - buffer.as_ptr() as usize;
+            for &(at, start, end) in &top.containers {
+                out.index.push(Spliced { at: offset(at)?, start: offset(base + start)?, end: offset(base + end)? });
+            }
+        }
+        None => {
+            for &(at, start, end) in &top.containers {
+                let from = out.texts.len();
+                out.texts.extend_from_slice(&doc[start..end]);
+                out.index.push(Spliced { at: offset(at)?, start: offset(from)?, end: offset(out.texts.len())? });
+            }
+        }
     }
-    for (path, column) in paths.iter().zip(out.values.iter_mut()) {
-        column.push(lookup(doc, &top, path)?);
+    lookups(doc, top, paths, &mut out.values, &mut out.same, &mut work.lookups)?;
+    if let Some((spec, first)) = work.key {
+        let e = out.values[first].len() - 1;
+        let columns = &out.values[first..];
+        let digest = if columns.len() <= 16 {
+            let mut row = [&Val::Missing; 16];
+            for (slot, column) in row.iter_mut().zip(columns) {
+                *slot = &column[e];
+            }
+            keys::event_key(spec, &row[..columns.len()], &mut work.lookups.scratch)
+        } else {
+            let row: Vec<&Val> = columns.iter().map(|c| &c[e]).collect();
+            keys::event_key(spec, &row, &mut work.lookups.scratch)
+        };
+        out.digests.push(digest);
     }
     Ok(time)
+}
+
+/// What `document` reuses from one document to the next: the reader, the top-level
+/// members, the lookups' buffers (a read of thousands of events allocates them once).
+struct Work<'a, 's> {
+    p: P<'a>,
+    top: Top<'a>,
+    lookups: Lookups,
+    within: Option<&'a [u8]>,
+    key: Option<(&'s keys::Spec, usize)>,
 }
 
 thread_local! {
@@ -266,19 +400,45 @@ impl Scanned<'_> {
 
 /// Scan every document (see the module's docs), `now` being the arrival time.
 pub fn scan<'a>(documents: &[&'a [u8]], now: i64, drop_metadata: bool, paths: &[Path]) -> R<Scanned<'a>> {
+    scan_with(documents, now, drop_metadata, paths, &Options::default())
+}
+
+/// `scan`, and what `options` asks.
+pub fn scan_with<'a>(documents: &[&'a [u8]], now: i64, drop_metadata: bool, paths: &[Path], options: &Options<'a, '_>) -> R<Scanned<'a>> {
+    let within = options.within;
+    if options.key.is_some_and(|(_, first)| first >= paths.len()) {
+        return Err(Outside);
+    }
+    if let Some(buffer) = within {
+        let range = buffer.as_ptr_range();
+        if !documents.iter().all(|d| range.start <= d.as_ptr() && d.as_ptr_range().end <= range.end) {
+            return Err(Outside);
+        }
+    }
     let total: usize = documents.iter().map(|d| d.len()).sum();
     let (mut blob, mut texts) = SPARE.with(|spare| std::mem::take(&mut *spare.borrow_mut()));
     blob.reserve(total);
-    texts.reserve(total);
+    if within.is_none() {
+        texts.reserve(total);
+    }
     let mut out = Scanned {
         blob,
         texts,
-        index: Vec::new(),
+        index: Vec::with_capacity(documents.len() * 8),
         buckets: Vec::new(),
         values: paths.iter().map(|_| Vec::with_capacity(documents.len())).collect(),
+        same: paths.iter().map(|_| Vec::with_capacity(documents.len())).collect(),
+        digests: Vec::with_capacity(if options.key.is_some() { documents.len() } else { 0 }),
+    };
+    let mut work = Work {
+        p: P::at(b"", 0),
+        top: Top { drop_metadata, members: Vec::new(), containers: Vec::new() },
+        lookups: Lookups::default(),
+        within,
+        key: options.key,
     };
     for doc in documents {
-        let time = document(doc, now, drop_metadata, paths, &mut out)?;
+        let time = document(doc, now, paths, &mut out, &mut work)?;
         let bucket = hour_bucket(time);
         if let Some((_, count)) = out.buckets.iter_mut().find(|(known, _)| *known == bucket) {
             *count += 1;
@@ -337,6 +497,31 @@ mod tests {
         let paths = vec![Path { lookup: Lookup::Walk, name: b"a.b.c".to_vec(), keys }];
         let s = scan(&docs, 5_000_000_000, true, &paths).unwrap();
         assert_eq!(s.values[0][0], Val::Owned("dé".as_bytes().to_vec()));
+    }
+
+    #[test]
+    fn lookups_skip_strings_eight_bytes_at_a_time() {
+        // An escaped quote or backslash at every place of a chunk of a skipped member.
+        for n in 0..20 {
+            let pad = "x".repeat(n);
+            let doc = format!(r#"{{"a":{{"s":"{pad}\"{pad}\\","t":["{pad}\\\"",{{"u":"{pad}"}}],"b":{n}}}}}"#);
+            let paths = vec![Path { lookup: Lookup::Walk, name: b"a.b".to_vec(), keys: vec![b"a".to_vec(), b"b".to_vec()] }];
+            let s = scan(&[doc.as_bytes()], 5_000_000_000, false, &paths).unwrap();
+            assert_eq!(s.values[0][0], Val::Int(n as i64), "{doc}");
+        }
+    }
+
+    #[test]
+    fn keys_twice_with_the_same_fingerprint() {
+        // Same length and first eight bytes: told apart by the rest; a key twice found
+        // however long, and past the sixteen compared pairwise.
+        assert!(check(&[br#"{"abcdefgh1":1,"abcdefgh2":2,"a":{"abcdefgh1":1,"abcdefgh2":2}}"#]));
+        assert!(!check(&[br#"{"abcdefgh1":1,"x":2,"abcdefgh1":3}"#]));
+        assert!(!check(&[br#"{"a":{"abcdefghij":1,"abcdefghij":2}}"#]));
+        let many: String = (0..20).map(|i| format!(r#""k{i}":{i},"#)).collect();
+        assert!(check(&[format!("{{{many}\"z\":0}}").as_bytes()]));
+        assert!(!check(&[format!("{{{many}\"k3\":0}}").as_bytes()]));
+        assert!(!check(&[format!("{{{many}\"k19\":0}}").as_bytes()]));
     }
 
     #[test]

@@ -32,8 +32,19 @@ pub enum Val<'a> {
 pub struct P<'a> {
     pub s: &'a [u8],
     pub i: usize,
-    /// The keys of the objects being read, outermost first (one allocation per reader).
+    /// The keys of the objects being read, outermost first (one allocation per reader),
+    /// and a fingerprint of each (`fingerprint`): most keys differ there already.
     keys: Vec<std::borrow::Cow<'a, [u8]>>,
+    prints: Vec<u64>,
+}
+
+/// A key's length and first bytes in one word: equal keys have equal ones.
+#[inline]
+fn fingerprint(key: &[u8]) -> u64 {
+    let mut head = [0u8; 8];
+    let n = key.len().min(8);
+    head[..n].copy_from_slice(&key[..n]);
+    u64::from_le_bytes(head) ^ ((key.len() as u64) << 56)
 }
 
 const ONES: u64 = 0x0101_0101_0101_0101;
@@ -47,6 +58,13 @@ fn maybe_special(v: u64) -> bool {
     (zero(v ^ (ONES * b'"' as u64)) | zero(v ^ (ONES * b'\\' as u64)) | (v.wrapping_sub(ONES * 0x20) & !v & HIGH)) != 0
 }
 
+/// Whether any of the 8 bytes of `v` may be a quote or a backslash (false alarms allowed).
+#[inline]
+fn quote_or_backslash(v: u64) -> bool {
+    let zero = |x: u64| x.wrapping_sub(ONES) & !x & HIGH;
+    (zero(v ^ (ONES * b'"' as u64)) | zero(v ^ (ONES * b'\\' as u64))) != 0
+}
+
 #[inline]
 fn ws(b: u8) -> bool {
     matches!(b, b' ' | b'\t' | b'\n' | b'\r')
@@ -56,12 +74,22 @@ impl<'a> P<'a> {
     /// A reader at the start of `doc`, if it is valid UTF-8 (std's check, fast on ASCII).
     pub fn new(doc: &'a [u8]) -> R<Self> {
         std::str::from_utf8(doc).map_err(|_| Outside)?;
-        Ok(P { s: doc, i: 0, keys: Vec::new() })
+        Ok(P { s: doc, i: 0, keys: Vec::new(), prints: Vec::new() })
+    }
+
+    /// This reader at the start of another document (`new`'s check), its buffers kept.
+    pub fn restart(&mut self, doc: &'a [u8]) -> R<()> {
+        std::str::from_utf8(doc).map_err(|_| Outside)?;
+        self.s = doc;
+        self.i = 0;
+        self.keys.clear();
+        self.prints.clear();
+        Ok(())
     }
 
     /// A reader at `i` of a document that passed `new`.
     pub fn at(doc: &'a [u8], i: usize) -> Self {
-        P { s: doc, i, keys: Vec::new() }
+        P { s: doc, i, keys: Vec::new(), prints: Vec::new() }
     }
 
     #[inline]
@@ -88,14 +116,24 @@ impl<'a> P<'a> {
     /// Past a string's closing quote, from after its opening one, in a document read
     /// whole once already (no checks but bounds).
     fn skip_string(&mut self) -> R<()> {
+        let s = self.s;
+        let mut j = self.i;
         loop {
-            match self.peek()? {
-                b'"' => {
-                    self.i += 1;
+            // Eight bytes at a time up to the next quote or backslash.
+            while let Some(chunk) = s.get(j..j + 8) {
+                if quote_or_backslash(u64::from_le_bytes(chunk.try_into().map_err(|_| Outside)?)) {
+                    break;
+                }
+                j += 8;
+            }
+            match s.get(j) {
+                None => return Err(Outside),
+                Some(b'"') => {
+                    self.i = j + 1;
                     return Ok(());
                 }
-                b'\\' => self.i += 2,
-                _ => self.i += 1,
+                Some(b'\\') => j += 2,
+                Some(_) => j += 1,
             }
         }
     }
@@ -408,7 +446,8 @@ impl<'a> P<'a> {
                     }
                     None => {
                         let keys = &self.keys[base..];
-                        if keys.contains(&key) {
+                        let print = fingerprint(&key);
+                        if self.prints[base..].iter().zip(keys).any(|(&p, k)| p == print && *k == key) {
                             return Err(Outside);
                         }
                         if keys.len() >= 16 {
@@ -437,6 +476,7 @@ impl<'a> P<'a> {
                     t.members.push((key.clone(), start, self.i, v));
                 }
                 if many.is_none() {
+                    self.prints.push(fingerprint(&key));
                     self.keys.push(key);
                 }
                 self.skip_ws();
@@ -451,6 +491,7 @@ impl<'a> P<'a> {
             }
         }
         self.keys.truncate(base);
+        self.prints.truncate(base);
         if let (Some(o), Some(at)) = (out.as_mut(), at) {
             o[at..at + 4].copy_from_slice(&n.to_be_bytes());
         }
@@ -470,7 +511,33 @@ pub struct Top<'a> {
 pub fn write_str(o: &mut Vec<u8>, s: &[u8]) {
     let n = s.len();
     if n < 32 {
-        o.push(0xa0 | n as u8);
+        // Most keys and values: header and text in one go, without a call to memcpy
+        // for a few bytes (two overlapping word copies).
+        o.reserve(1 + n);
+        let at = o.len();
+        // SAFETY: `reserve` made room for 1 + n bytes past `at`; every write below stays
+        // inside `at..at + 1 + n` and every read inside `s`.
+        unsafe {
+            let dst = o.as_mut_ptr().add(at);
+            *dst = 0xa0 | n as u8;
+            let (src, dst) = (s.as_ptr(), dst.add(1));
+            if n >= 16 {
+                std::ptr::write_unaligned(dst as *mut u128, std::ptr::read_unaligned(src as *const u128));
+                std::ptr::write_unaligned(dst.add(n - 16) as *mut u128, std::ptr::read_unaligned(src.add(n - 16) as *const u128));
+            } else if n >= 8 {
+                std::ptr::write_unaligned(dst as *mut u64, std::ptr::read_unaligned(src as *const u64));
+                std::ptr::write_unaligned(dst.add(n - 8) as *mut u64, std::ptr::read_unaligned(src.add(n - 8) as *const u64));
+            } else if n >= 4 {
+                std::ptr::write_unaligned(dst as *mut u32, std::ptr::read_unaligned(src as *const u32));
+                std::ptr::write_unaligned(dst.add(n - 4) as *mut u32, std::ptr::read_unaligned(src.add(n - 4) as *const u32));
+            } else {
+                for k in 0..n {
+                    *dst.add(k) = *src.add(k);
+                }
+            }
+            o.set_len(at + 1 + n);
+        }
+        return;
     } else if n < 256 {
         o.extend_from_slice(&[0xd9, n as u8]);
     } else if n < 65536 {

@@ -12,6 +12,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyByteArray, PyBytes, PyList, PyString, PyTuple};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+pub mod beats;
 pub mod columns;
 pub mod edits;
 pub mod forward_frame;
@@ -20,6 +21,7 @@ pub mod json;
 pub mod jsondoc;
 pub mod jsonparse;
 pub mod logjam;
+pub mod keys;
 pub mod reader;
 
 /// Run `work` without the GIL; a panic (a bug, never an input's doing) becomes a
@@ -29,7 +31,7 @@ fn guarded<T: Send>(py: Python<'_>, work: impl FnOnce() -> T + Send) -> PyResult
         .map_err(|_| PyRuntimeError::new_err("logrouter_native panicked (a bug): the Python path takes over"))
 }
 
-fn bytes_of<T: Copy>(values: &[T]) -> &[u8] {
+pub(crate) fn bytes_of<T: Copy>(values: &[T]) -> &[u8] {
     // Arrow buffers are native-endian: the values' own bytes are what it reads.
     unsafe { std::slice::from_raw_parts(values.as_ptr() as *const u8, std::mem::size_of_val(values)) }
 }
@@ -350,25 +352,62 @@ fn document_slices<'a>(documents: &'a [Bound<'_, PyAny>], copies: &'a [Option<Ve
         .collect()
 }
 
-/// `scan_documents(documents, now, drop_metadata, paths)`: None if any document is
-/// outside the subset; else `(entries, buckets, values, texts)`: the records as a
-/// PackedForward entries blob (what `scan` and `build` take, times as EventTimes,
-/// `@metadata` left out with `drop_metadata`), `[(hour bucket, events), ...]` in order
-/// of first appearance, and per path (`(lookup, dotted name, keys)`, lookup 0: nested
-/// objects, 1: a top-level key with the whole dotted name first) a list of each
-/// event's value there: None (missing or null), bool, int, float, str, or `...` for
-/// an object or array; and `(index, texts)`, the JSON text of the records' top-level
-/// objects and arrays as `build` takes it with the entries (`jsondoc::Scanned`).
+/// `scan_documents(documents, now, drop_metadata, paths, key=None)`: None if any
+/// document is outside the subset; else `(entries, buckets, values, texts, keys)`: the
+/// records as a PackedForward entries blob (what `scan` and `build` take, times as
+/// EventTimes, `@metadata` left out with `drop_metadata`), `[(hour bucket, events),
+/// ...]` in order of first appearance, and per path (`(lookup, dotted name, keys)`,
+/// lookup 0: nested objects, 1: a top-level key with the whole dotted name first) a
+/// list of each event's value there: None (missing or null), bool, int, float, str, or
+/// `...` for an object or array; and `(index, texts)`, the JSON text of the records'
+/// top-level objects and arrays as `build` takes it with the entries
+/// (`jsondoc::Scanned`). With `key` `(kind, name, first)` the paths from `first` on are
+/// an idempotency key's (`keys::Spec`, kind 0 `"auto"`, 1 a field list named `name`):
+/// `values` then stops before them and `keys` is each event's `(sender, digest)` or
+/// None, or None where no event has a key (else `keys` is None).
 #[pyfunction]
+#[pyo3(signature = (documents, now, drop_metadata, paths, key=None))]
 fn scan_documents<'py>(
     py: Python<'py>,
     documents: Vec<Bound<'py, PyAny>>,
     now: i64,
     drop_metadata: bool,
     paths: Vec<(u8, String, Vec<String>)>,
+    key: Option<(u8, String, usize)>,
 ) -> PyResult<Option<Bound<'py, PyTuple>>> {
     let copies = bytearray_copies(&documents)?;
     let docs = document_slices(&documents, &copies);
+    scanned(py, &docs, None, now, drop_metadata, &paths, key)
+}
+
+/// `scan_runs(runs, now, drop_metadata, paths, key=None)`: `scan_documents` of the
+/// documents of `runs` (`(buffer, spans)` as `json_frames` cut them out), read in place;
+/// of one run, `texts` is `(index, buffer)`: the containers' text where it lies.
+#[pyfunction]
+#[pyo3(signature = (runs, now, drop_metadata, paths, key=None))]
+fn scan_runs<'py>(
+    py: Python<'py>,
+    runs: Vec<beats::Run<'py>>,
+    now: i64,
+    drop_metadata: bool,
+    paths: Vec<(u8, String, Vec<String>)>,
+    key: Option<(u8, String, usize)>,
+) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    let docs: Vec<&[u8]> = beats::run_documents(&runs)?.into_iter().map(|(_, d)| d).collect();
+    let within = if runs.len() == 1 { Some(&runs[0].0) } else { None };
+    scanned(py, &docs, within, now, drop_metadata, &paths, key)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn scanned<'py>(
+    py: Python<'py>,
+    docs: &[&[u8]],
+    within: Option<&Bound<'py, PyBytes>>,
+    now: i64,
+    drop_metadata: bool,
+    paths: &[(u8, String, Vec<String>)],
+    key: Option<(u8, String, usize)>,
+) -> PyResult<Option<Bound<'py, PyTuple>>> {
     let specs: Vec<jsondoc::Path> = paths
         .iter()
         .map(|(lookup, name, keys)| jsondoc::Path {
@@ -380,50 +419,94 @@ fn scan_documents<'py>(
     if specs.iter().any(|p| p.keys.is_empty()) {
         return Ok(None);
     }
-    let mut found = match guarded(py, || jsondoc::scan(&docs, now, drop_metadata, &specs))? {
+    let (key_spec, first) = match &key {
+        None => (None, specs.len()),
+        Some((kind, name, first)) => {
+            let wanted = if *kind == 0 { 6 } else { 2 };
+            if *first > specs.len() || specs.len() - first < wanted || (*kind == 0 && specs.len() - first != 6) {
+                return Err(PyValueError::new_err("key: (0, name, first) with six paths from first, or (1, name, first) with a field's and the sender's"));
+            }
+            (Some(if *kind == 0 { keys::Spec::Auto } else { keys::Spec::Fields(name.as_bytes().to_vec()) }), *first)
+        }
+    };
+    let options = jsondoc::Options { within: within.map(|b| b.as_bytes()), key: key_spec.as_ref().map(|spec| (spec, first)) };
+    let mut found = match guarded(py, || jsondoc::scan_with(docs, now, drop_metadata, &specs, &options))? {
         Ok(found) => found,
         Err(_) => return Ok(None),
     };
     let values = PyList::empty(py);
-    for column in &found.values {
+    for (column, same) in found.values[..first].iter().zip(&found.same) {
         let list = PyList::empty(py);
-        // Events of one sender mostly repeat a field's text: one str object for a run.
-        let mut last: Option<(&[u8], Bound<'py, PyAny>)> = None;
-        for v in column {
-            let item: Bound<'py, PyAny> = match v {
-                jsonparse::Val::Missing => py.None().into_bound(py),
-                jsonparse::Val::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
-                jsonparse::Val::Int(i) => i.into_pyobject(py)?.into_any(),
-                jsonparse::Val::Float(f) => f.into_pyobject(py)?.into_any(),
-                jsonparse::Val::Container => py.Ellipsis().into_bound(py),
-                jsonparse::Val::Str(_) | jsonparse::Val::Owned(_) => {
-                    let bytes: &[u8] = match v {
-                        jsonparse::Val::Str(s) => s,
-                        jsonparse::Val::Owned(s) => s,
-                        _ => unreachable!(),
-                    };
-                    match &last {
-                        Some((text, obj)) if *text == bytes => obj.clone(),
-                        _ => {
-                            let text = std::str::from_utf8(bytes).map_err(|_| PyRuntimeError::new_err("not UTF-8"))?;
-                            let obj = PyString::new(py, text).into_any();
-                            last = Some((bytes, obj.clone()));
-                            obj
-                        }
-                    }
-                }
-            };
-            list.append(item)?;
+        let mut last = None;
+        for (v, &same) in column.iter().zip(same) {
+            list.append(value_object(py, v, same, &mut last)?)?;
         }
         values.append(list)?;
     }
+    let keys = match key_spec {
+        Some(_) if found.digests.iter().any(Option::is_some) => {
+            let list = PyList::empty(py);
+            let (senders, same) = (&found.values[found.values.len() - 1], &found.same[found.values.len() - 1]);
+            let mut last: Option<Bound<'py, PyString>> = None;
+            for ((digest, sender), &same) in found.digests.iter().zip(senders).zip(same) {
+                let sender = match &last {
+                    Some(obj) if same => obj.clone(),
+                    _ => {
+                        let text = std::str::from_utf8(keys::sender(sender)).map_err(|_| PyRuntimeError::new_err("not UTF-8"))?;
+                        let obj = PyString::new(py, text);
+                        last = Some(obj.clone());
+                        obj
+                    }
+                };
+                match digest {
+                    None => list.append(py.None())?,
+                    Some(digest) => list.append((sender, PyBytes::new(py, digest)))?,
+                }
+            }
+            Some(list)
+        }
+        _ => None,
+    };
     let index: Vec<u32> = found.index.iter().flat_map(|s| [s.at, s.start, s.end]).collect();
-    let texts = (PyBytes::new(py, bytes_of(&index)), PyBytes::new(py, &found.texts));
+    let data = match within {
+        Some(buffer) => buffer.clone(),
+        None => PyBytes::new(py, &found.texts),
+    };
+    let texts = (PyBytes::new(py, bytes_of(&index)), data);
     let entries = PyBytes::new(py, &found.blob);
     let buckets = std::mem::take(&mut found.buckets);
     found.recycle();
-    let result = (entries, buckets, values, texts).into_pyobject(py)?;
+    let result = (entries, buckets, values, texts, keys).into_pyobject(py)?;
     Ok(Some(result))
+}
+
+/// A scanned value as Python's; `last` keeps the str of the run of equal texts (events
+/// of one sender mostly repeat a field's text: one str object for a run), `same` says
+/// this value is the previous one (`jsondoc::Scanned::same`).
+fn value_object<'py>(py: Python<'py>, v: &jsonparse::Val<'_>, same: bool, last: &mut Option<Bound<'py, PyAny>>) -> PyResult<Bound<'py, PyAny>> {
+    Ok(match v {
+        jsonparse::Val::Missing => py.None().into_bound(py),
+        jsonparse::Val::Bool(b) => b.into_pyobject(py)?.to_owned().into_any(),
+        jsonparse::Val::Int(i) => i.into_pyobject(py)?.into_any(),
+        jsonparse::Val::Float(f) => f.into_pyobject(py)?.into_any(),
+        jsonparse::Val::Container => py.Ellipsis().into_bound(py),
+        jsonparse::Val::Str(_) | jsonparse::Val::Owned(_) => {
+            let bytes: &[u8] = match v {
+                jsonparse::Val::Str(s) => s,
+                jsonparse::Val::Owned(s) => s,
+                _ => unreachable!(),
+            };
+            match last {
+                Some(obj) if same => obj.clone(),
+                _ => {
+                    let text = std::str::from_utf8(bytes).map_err(|_| PyRuntimeError::new_err("not UTF-8"))?;
+                    let obj = PyString::new(py, text).into_any();
+                    *last = Some(obj.clone());
+                    obj
+                }
+            }
+        }
+    })
 }
 
 #[pymodule]
@@ -440,6 +523,9 @@ fn logrouter_native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(logjam::scan_logjam, m)?)?;
     m.add_class::<logjam::LogjamReader>()?;
     m.add_function(wrap_pyfunction!(logjam::join_logjam, m)?)?;
+    m.add_function(wrap_pyfunction!(scan_runs, m)?)?;
+    m.add_function(wrap_pyfunction!(beats::json_frames, m)?)?;
+    m.add_function(wrap_pyfunction!(beats::split_documents, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

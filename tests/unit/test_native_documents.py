@@ -41,7 +41,7 @@ from logrouter.wire import json_text
 from logrouter.wire import log_courier as lc
 from logrouter.wire import lumberjack as lj
 from logrouter.wire.forward_lazy import PackedEvents
-from logrouter.wire.json_lazy import DocumentEvents
+from logrouter.wire.json_lazy import DocumentEvents, split_runs
 
 pytestmark = pytest.mark.skipif(NATIVE is None, reason=f"native decoding off: {describe()}")
 
@@ -263,7 +263,7 @@ def test_the_lumberjack_codec_keeps_documents_that_decode_later_as_they_would_ha
     for message in kept:
         if isinstance(message, lj.Events):
             if message.undecoded:
-                assert message.records == message.documents and message.invalid == 0
+                assert message.records == message.documents == [] and message.invalid == 0
             lj.decode_group(message)
     assert kept == plain
 
@@ -282,7 +282,7 @@ def test_a_bad_compressed_frame_takes_back_kept_documents() -> None:
     with pytest.raises(lj.DecodeError) as caught:
         decoder.feed(good + bad)
     (window, events) = caught.value.messages
-    assert events.undecoded and events.records == [b'{"a":1}'] == events.documents
+    assert events.undecoded and split_runs(events.runs) == ([b'{"a":1}'], [1])
 
 
 def test_log_courier_payloads_are_kept_and_decode_later_as_they_would_have() -> None:
