@@ -116,7 +116,11 @@ class NativeReads:
         packed = (LUMBERJACK_ZLIB, payloads, now, drop_metadata, inflated_bytes)
         made = self._batch(found, None, now, reference, packed)
         if made is not None:
-            made[0].held_bytes = held_bytes(made[0].events, inflated_bytes)
+            # What it holds: the entries and texts (held_bytes counts them), the compressed
+            # payloads, and the inflated runs, unless the texts are that buffer itself.
+            texts = made[0].events.texts
+            kept = sum(len(buffer) for buffer, _ in runs if texts is None or buffer is not texts[1])
+            made[0].held_bytes = held_bytes(made[0].events, kept + sum(map(len, payloads)))
         return made
 
     def _batch(
