@@ -32,7 +32,7 @@ from logrouter.sinks.state import SinkState
 
 SINK_OPTIONS: dict[str, Option] = {
     "max_queue_bytes": Option(
-        int, 8 << 20, "records handed to the sink and not yet done, counted as what their batches hold in memory where that "
+        int, 32 << 20, "records handed to the sink and not yet done, counted as what their batches hold in memory where that "
         "is known (Beats and Log Courier events: their documents and the native scan's output, not the far smaller compressed "
         "record), else in spool bytes (decoded records take several times that); beyond it the sources are held "
         "(`hold_sources_secs`), then the sink reads from the spool",
