@@ -17,18 +17,14 @@ from __future__ import annotations
 import json
 
 import msgpack
-import pyarrow as pa
 import pytest
-from fuzz_helpers import fuzz_settings, mutated, same
+from fuzz_helpers import fuzz_settings, mutated
+from native_tables import assert_same_tables, lake_tables
 from hypothesis import given
 from hypothesis import strategies as st
 
 import source_fakes
 from source_fakes import T0
-from logrouter.lake.convert import TableBuilder
-from logrouter.lake.native_table import PendingRows, build_table, file_schema_of
-from logrouter.lake.partition import split_by_hour
-from logrouter.lake.schema import ColumnTypes, file_schema
 from logrouter.native import NATIVE, describe
 from logrouter.sources import event_keys
 from logrouter.sources.compressed_documents import LUMBERJACK_ZLIB
@@ -123,34 +119,6 @@ def python_read(docs: list[bytes], now: int, template: str, drop: bool, spec):
     if len(batches) != 1:
         return None, None, keys
     return batches[0].tag, batches[0].events, keys
-
-
-def lake_tables(events_native, events_python):
-    """The same rows built natively (packed) and in Python (decoded): (native, python)."""
-    pending = PendingRows()
-    for _, group in events_native.split_by_hour():
-        pending.extend(group)
-    reference = [e for _, group in split_by_hour(events_python) for e in group]
-    assert msgpack.packb(pending.events()) == msgpack.packb(reference)
-    native_types, python_types = ColumnTypes(), ColumnTypes()
-    native_schema = file_schema_of(native_types, pending, {})
-    inferred: dict = {}
-    python_schema = file_schema(python_types, [record for _, record in reference], inferred)
-    assert native_schema == python_schema
-    native = build_table(TableBuilder(native_schema, native_types), pending)
-    python = TableBuilder(python_schema, python_types).build(reference, inferred)
-    assert native_types.items() == python_types.items()
-    return native, python
-
-
-def assert_same_tables(native: pa.Table, python: pa.Table) -> None:
-    assert native.schema == python.schema
-    for name in native.column_names:
-        left, right = native.column(name).to_pylist(), python.column(name).to_pylist()
-        if name == "_extra":
-            left = [None if t is None else json.loads(t) for t in left]
-            right = [None if t is None else json.loads(t) for t in right]
-        assert len(left) == len(right) and all(same(x, y) or x == y for x, y in zip(left, right)), (name, left, right)
 
 
 def check_read(docs: list[bytes], template: str, drop: bool, spec, now: int = NOW) -> bool:

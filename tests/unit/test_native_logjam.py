@@ -21,25 +21,21 @@ import zlib
 from typing import Any
 
 import msgpack
-import pyarrow as pa
 import pytest
 from fuzz_helpers import fuzz_settings, mutated, same
+from native_tables import assert_same_tables, lake_tables
 from hypothesis import given
 from hypothesis import strategies as st
 from twisted.internet import task
 
 import source_fakes
-from logrouter.lake.convert import TableBuilder
-from logrouter.lake.native_table import PendingRows, build_table, file_schema_of
-from logrouter.lake.partition import split_by_hour
-from logrouter.lake.schema import ColumnTypes, file_schema
 from logrouter.native import NATIVE, describe
 from logrouter.sources import logjam_native
 from logrouter.sources.logjam import LogjamSource
 from logrouter.sources.logjam_native import (
     LOGJAM_BODIES, LogjamBatches, ScannedMessage, decode_bodies, events_of_bodies, scan_bodies,
 )
-from logrouter.sources.zmq_receiver import PULL, ROUTER, Received
+from logrouter.sources.zmq_receiver import ROUTER, Received
 from logrouter.spool.record import decode_batch, encode_batch
 from logrouter.wire import json_text
 from logrouter.wire import logjam as wire
@@ -114,35 +110,6 @@ metas = st.tuples(
 # -- comparing ------------------------------------------------------------------------------
 
 
-def lake_tables(events_native: Any, events_python: list) -> tuple[pa.Table, pa.Table]:
-    """The same rows built natively (packed) and in Python (decoded): (native, python)."""
-    pending = PendingRows()
-    for _, group in events_native.split_by_hour():
-        pending.extend(group)
-    assert pending.packed() is not None
-    reference = [e for _, group in split_by_hour(events_python) for e in group]
-    assert msgpack.packb(pending.events()) == msgpack.packb(reference)
-    native_types, python_types = ColumnTypes(), ColumnTypes()
-    native_schema = file_schema_of(native_types, pending, {})
-    inferred: dict = {}
-    python_schema = file_schema(python_types, [record for _, record in reference], inferred)
-    assert native_schema == python_schema
-    native = build_table(TableBuilder(native_schema, native_types), pending)
-    python = TableBuilder(python_schema, python_types).build(reference, inferred)
-    assert native_types.items() == python_types.items()
-    return native, python
-
-
-def assert_same_tables(native: pa.Table, python: pa.Table) -> None:
-    assert native.schema == python.schema
-    for name in native.column_names:
-        left, right = native.column(name).to_pylist(), python.column(name).to_pylist()
-        if name == "_extra":
-            left = [None if t is None else json.loads(t) for t in left]
-            right = [None if t is None else json.loads(t) for t in right]
-        assert len(left) == len(right) and all(same(x, y) or x == y for x, y in zip(left, right)), (name, left, right)
-
-
 def python_events(docs: list[bytes], meta_list: list, prefix: str, time_fields: list[str]) -> list | None:
     """The Python path's events, or None where a body is no JSON object to Python (the
     codec drops those: never the native path's)."""
@@ -174,8 +141,8 @@ def check_bodies(docs: list[bytes], meta_list: list, prefix: str, time_fields: l
     assert msgpack.packb(transcoded.events()) == msgpack.packb(reference)
     assert all(same(a[1], b[1]) for a, b in zip(transcoded.events(), reference))
     assert msgpack.packb(list(found)) == msgpack.packb(reference)
-    assert_same_tables(*lake_tables(DocumentEvents(found.entries, found.buckets, lambda: reference), reference))
-    assert_same_tables(*lake_tables(found, reference))  # _extra spliced from the bodies' text
+    assert_same_tables(*lake_tables(DocumentEvents(found.entries, found.buckets, lambda: reference), reference, packed=True))
+    assert_same_tables(*lake_tables(found, reference, packed=True))  # _extra spliced from the bodies' text
     return True
 
 
@@ -338,8 +305,8 @@ def test_a_read_stays_packed_into_the_spool_and_the_lake(prefix, monkeypatch) ->
         batch.events.entries, batch.events.buckets, batch.events.texts)
     old, _ = decode_batch(encode_batch(reference))
     assert msgpack.packb(list(replayed.events)) == msgpack.packb(old.events)
-    assert_same_tables(*lake_tables(replayed.events, reference.events))
-    assert_same_tables(*lake_tables(batch.events, reference.events))
+    assert_same_tables(*lake_tables(replayed.events, reference.events, packed=True))
+    assert_same_tables(*lake_tables(batch.events, reference.events, packed=True))
     router.fire_all()
     assert [frames[1:] for frames in source.receiver.sent] == [[b"shop-prod", wire.ACCEPTED]] * 60
 
