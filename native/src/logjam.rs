@@ -326,6 +326,9 @@ pub fn join(pieces: &[(&[u8], &[u8], &[u8])]) -> R<Scanned> {
     Ok(out)
 }
 
+/// A join of fewer bytes than this holds the GIL.
+const JOIN_UNLOCKED_BYTES: usize = 1 << 20;
+
 /// `join_logjam(pieces)`: the `(entries, buckets, texts)` of a batch of messages from
 /// their `LogjamReader.read` pieces, as `scan_logjam` gives them for the batch's bodies;
 /// None for a piece that is not one.
@@ -335,7 +338,11 @@ pub fn join_logjam<'py>(
     pieces: Vec<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>)>,
 ) -> PyResult<Option<Bound<'py, PyTuple>>> {
     let parts: Vec<(&[u8], &[u8], &[u8])> = pieces.iter().map(|(e, i, t)| (e.as_bytes(), i.as_bytes(), t.as_bytes())).collect();
-    let found = match crate::guarded(py, || join(&parts))? {
+    // A join is a copy: below a MiB it takes less time than the GIL's round trip to
+    // another thread (the reactor's receiver thread waits for it) and back.
+    let size: usize = parts.iter().map(|(e, i, t)| e.len() + i.len() + t.len()).sum();
+    let joined = if size < JOIN_UNLOCKED_BYTES { crate::caught(|| join(&parts))? } else { crate::guarded(py, || join(&parts))? };
+    let found = match joined {
         Ok(found) => found,
         Err(_) => return Ok(None),
     };
