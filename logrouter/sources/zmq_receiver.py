@@ -138,6 +138,8 @@ class ZmqReceiver:
         self._lock = threading.Lock()
         self._commands: collections.deque[tuple[Any, ...]] = collections.deque()
         self._handed = 0  # chunks delivered and not yet done(); under _lock
+        self._outbox: collections.deque[list[Received]] = collections.deque()  # handed, not yet delivered; under _lock
+        self._called = False  # a _deliver_handed is on its way to the reactor; under _lock
         self._paused = False
         self._stopping = False
         self._wake_r, self._wake_w = stdsocket.socketpair()
@@ -157,6 +159,19 @@ class ZmqReceiver:
         self._thread.start()
         return self._started
 
+    def _deliver_handed(self) -> None:
+        """Deliver the chunks handed over, in order (on the reactor)."""
+        while True:
+            with self._lock:
+                if not self._outbox:
+                    self._called = False
+                    return
+                chunk = self._outbox.popleft()
+            try:
+                self.deliver(chunk)
+            except Exception:  # noqa: BLE001 - a bug in deliver costs its chunk, not the ones after it
+                self.log.failure("ZeroMQ receiver {name}: delivering a chunk failed", name=self.name)
+
     def pause(self) -> None:
         self._paused = True
         self._wake()
@@ -174,8 +189,12 @@ class ZmqReceiver:
     def done(self) -> None:
         """The reactor finished with one delivered chunk: the thread may hand over another."""
         with self._lock:
+            blocked = self._handed >= self.in_flight
             self._handed -= 1
-        self._wake()
+        if blocked:
+            # Only a thread that stopped reading for want of a free chunk needs waking
+            # (a wake-up is a send, which hands the GIL to the thread and waits for it back).
+            self._wake()
 
     def send(self, index: int, frames: list[bytes]) -> None:
         self._command(("send", index, frames))
@@ -295,7 +314,13 @@ class ZmqReceiver:
             if chunk:
                 with self._lock:
                     self._handed += 1
-                self.reactor.callFromThread(self.deliver, chunk)
+                    self._outbox.append(chunk)
+                    call = not self._called
+                    self._called = True
+                if call:
+                    # One call for the chunks handed over before the reactor got to them:
+                    # each callFromThread writes to the reactor's waker.
+                    self.reactor.callFromThread(self._deliver_handed)
 
     def _read_chunk(self, sockets: list[zmq.Socket], ready: list[int], turn: int) -> list[Received]:
         """Up to the chunk limits, round robin over the ready sockets, each message decoded

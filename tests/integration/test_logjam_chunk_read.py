@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -276,3 +277,67 @@ def test_finish_runs_on_each_chunk_in_the_receiver_thread(threaded_reactor, fail
     else:
         assert [item.decoded for item in items] == [("finished", frames) for frames in messages]
     assert int(zmq.RCVMORE) not in CountingSocket.gets
+
+
+class HeldReactor:
+    """``callFromThread`` only records the call; ``run`` makes the recorded calls (the
+    reactor's turn, when the test says)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, tuple, dict]] = []
+        self.lock = threading.Lock()
+
+    def callFromThread(self, f: Any, *args: Any, **kwargs: Any) -> None:  # noqa: N802 - the reactor's name
+        with self.lock:
+            self.calls.append((f, args, kwargs))
+
+    def run(self) -> int:
+        with self.lock:
+            calls, self.calls = self.calls, []
+        for f, args, kwargs in calls:
+            f(*args, **kwargs)
+        return len(calls)
+
+    def until(self, condition: Any, what: str) -> None:
+        deadline = time.monotonic() + 30
+        while not condition():
+            assert time.monotonic() < deadline, f"{what}: not in time"
+            time.sleep(0.005)
+
+
+def test_chunks_handed_over_before_the_reactor_ran_are_one_call(caplog) -> None:
+    """A busy reactor gets one call for the chunks waiting for it, in order; its done()
+    lets the thread, stopped at ``in_flight`` chunks, read on; a deliver that fails costs
+    its chunk only."""
+    reactor = HeldReactor()
+    delivered: list[list[Received]] = []
+
+    def deliver(chunk: list[Received]) -> None:
+        delivered.append(chunk)
+        receiver.done()
+        if len(delivered) == 2:
+            raise ZeroDivisionError("a bug in deliver")
+
+    receiver = ZmqReceiver(reactor, [SocketSpec(PULL, "tcp://127.0.0.1:*")], lambda kind, frames: frames,
+                           deliver, name="test-held", max_chunk_messages=1, in_flight=2)
+    started: list[Any] = []
+    receiver.start().addBoth(started.append)
+    context = zmq.Context()
+    push = context.socket(zmq.PUSH)
+    try:
+        reactor.until(lambda: reactor.run() or started, "the start")
+        push.connect(started[0][0])
+        for n in range(5):
+            push.send_multipart([b"m%d" % n])
+        reactor.until(lambda: receiver.handed == 2, "two chunks handed over")
+        assert [f for f, _, _ in reactor.calls] == [receiver._deliver_handed]  # one call for both
+        reactor.run()  # (the thread may read on meanwhile: what it hands over then, this call delivers too)
+        assert [chunk[0].decoded for chunk in delivered[:2]] == [[b"m0"], [b"m1"]]
+        reactor.until(lambda: reactor.run() >= 0 and len(delivered) == 5, "the thread reading on after done()")
+        assert [chunk[0].decoded for chunk in delivered] == [[b"m%d" % n] for n in range(5)]
+    finally:
+        stopped: list[Any] = []
+        receiver.stop().addBoth(stopped.append)
+        reactor.until(lambda: reactor.run() or stopped, "the stop")
+        push.close(0)
+        context.term()
