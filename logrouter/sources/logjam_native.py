@@ -1,9 +1,9 @@
 """logjam request bodies made into the ``logjam`` source's batches without decoding them.
 
 Where the native extension is installed, the source's receiver thread keeps each body
-undecoded (the codec's ``undecoded``) and reads it with one native pass,
-``LogjamBatches.read`` (``logrouter_native.LogjamReader``, ``native/src/logjam.rs``,
-without the GIL): it checks the body is a JSON object Python reads the same way, gives
+undecoded (the codec's ``undecoded``) and reads it with one native pass, the bodies of a
+received chunk in one call, ``LogjamBatches.read_many`` (``logrouter_native.LogjamReader``,
+``native/src/logjam.rs``, the GIL released once for them all): it checks the body is a JSON object Python reads the same way, gives
 the event its time by the source's rules (the first of ``time_fields`` holding one: a
 number is ms since the epoch, a string RFC 3339; else the meta's ``created_ms``, else
 the arrival time), adds the metadata fields and transcodes the record into an entry
@@ -55,7 +55,7 @@ Info = tuple[str, str, str, int, int, int]
 
 
 class ScannedMessage(NamedTuple):
-    """A data message whose body the extension read (``LogjamBatches.read``): ``piece`` is
+    """A data message whose body the extension read (``LogjamBatches.read_many``): ``piece`` is
     its event's entry, and its top-level containers' text, as ``join_logjam`` takes them."""
 
     app: str
@@ -166,7 +166,10 @@ class LogjamBatches:
             fallback = created_ms * 1_000_000 if created_ms and created_ms <= _MAX_MS else now_ns
             infos.append((message.app, message.env, message.topic, meta.device, meta.sequence, fallback))
         try:
-            pieces = self._reader.read_many([m.body for m in messages], infos)  # type: ignore[union-attr]
+            if len(messages) == 1:  # holding the GIL: one body costs less than its round trip
+                pieces = [self._reader.read(messages[0].body, *infos[0])]  # type: ignore[union-attr]
+            else:
+                pieces = self._reader.read_many([m.body for m in messages], infos)  # type: ignore[union-attr]
         except Exception:  # noqa: BLE001 - a bug in the extension: the Python path is the reference
             pieces = [None] * len(messages)
         out: list[ScannedMessage | LogjamMessage | Exception] = []

@@ -14,11 +14,15 @@ What this module owns, and nothing more (no logjam knowledge: ``decode`` is give
   one configured endpoint (one socket connected to several cannot tell them apart). ZeroMQ
   sockets are not thread-safe: only this thread touches them; the reactor talks to it
   through a command queue and a wake-up socketpair in the same ``zmq.Poller``.
-* **Hand-off.** ``deliver(chunk)`` runs on the reactor (``callFromThread``); a chunk is a
-  list of ``Received``. ``finish(chunk)``, if given, runs in the thread on each chunk
-  first (work done once a chunk rather than once a message). At most ``in_flight`` chunks are handed over and not yet
-  ``done()``: while the reactor is behind, the thread stops receiving, so the backlog
-  stays in ZeroMQ's queues (bounded by ``receive_hwm``), never in this process's memory.
+* **Hand-off.** ``deliver(chunk)`` runs on the reactor (``callFromThread``, one call for
+  the chunks handed over before the reactor got to them); a chunk is a list of
+  ``Received``. ``finish(chunk)``, if given, runs in the thread on each chunk first (work
+  done once a chunk rather than once a message). At most ``in_flight`` chunks are handed
+  over and not yet ``done()``: while the reactor is behind, the thread stops receiving, so
+  the backlog stays in ZeroMQ's queues (bounded by ``receive_hwm``), never in this
+  process's memory. Every GIL release the thread makes while the reactor wants the GIL
+  may cost it a switch interval: it makes few (frames are received without ``getsockopt``,
+  a wake-up of the thread only when it waits for a free chunk).
 * **Backpressure.** ``pause()`` / ``resume()``: paused, no socket is read. A PUB sender
   then drops what does not fit our queues (seen as sequence gaps by the source), a PUSH
   or DEALER sender blocks or queues on its side.

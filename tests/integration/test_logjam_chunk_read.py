@@ -142,6 +142,9 @@ def test_the_receiver_reads_a_chunks_bodies_in_one_native_call(monkeypatch) -> N
     assert scanned.info == ("shop", "prod", "logs", 2, 1, int(source_fakes.T0 * 10**9))  # no created_ms: the arrival
     assert chunk[7].decoded.decoded.info[5] == 1_764_000_000_000 * 10**6  # the meta's created_ms
     assert source.read_bodies([]) == [] and native.calls == [("read_many", 4)]
+    # one message alone (decode): read, holding the GIL
+    assert type(source.decode(SUB, frames_of(GOOD, 8)).decoded) is ScannedMessage
+    assert native.calls == [("read_many", 4), ("read", 1)]
 
 
 @needs_native
