@@ -209,6 +209,7 @@ class LogjamSource(SourceBase):
         self.fqdn = options["fqdn"] or socket.getfqdn()
         self.max_body_bytes = options["max_body_bytes"]
         self.max_decompressed_bytes = options["max_decompressed_bytes"]
+        self.limits = (self.max_body_bytes, self.max_decompressed_bytes)
         subscriptions = tuple(s.encode("utf-8") for s in options["subscriptions"])
         if subscriptions and wire.HEARTBEAT not in subscriptions:
             subscriptions += (wire.HEARTBEAT,)
@@ -231,9 +232,10 @@ class LogjamSource(SourceBase):
         self.receiver = ZmqReceiver(
             self.reactor,
             self.specs,
-            self.decode,
+            self.decode_frames,
             self.received,
             name=self.name,
+            finish=self.read_bodies,
             receive_hwm=self.options["receive_hwm"],
             # a frame bigger than any body we take is cut off by ZeroMQ before it is buffered
             max_message_bytes=max(self.max_body_bytes, 4096) + 4096,
@@ -328,9 +330,18 @@ class LogjamSource(SourceBase):
     # -- in the receiver's thread -----------------------------------------------------------
 
     def decode(self, kind: str, frames: list[bytes]) -> Request:
-        """Decode one message's frames (the ROUTER routing id already taken off). Runs in
-        the receiver thread: everything here must be pure."""
-        limits = (self.max_body_bytes, self.max_decompressed_bytes)
+        """Decode one message's frames (the ROUTER routing id already taken off), its body
+        read too: what the receiver thread's ``decode_frames`` and ``read_bodies`` do to
+        a chunk, for one message. Pure, as everything in the receiver thread."""
+        request = self.decode_frames(kind, frames)
+        if request.decoded.__class__ is wire.UndecodedMessage:
+            request.decoded = self.batches.read_many([request.decoded], int(self.reactor.seconds() * NANOS))[0]
+        return request
+
+    def decode_frames(self, kind: str, frames: list[bytes]) -> Request:
+        """One message's frames decoded, a data message's body left to ``read_bodies``
+        (an ``UndecodedMessage``) where the extension reads bodies."""
+        limits = self.limits
         if kind == ROUTER and frames and frames[0] == b"":
             frames = frames[1:]
             first = frames[0] if frames else b""
@@ -342,23 +353,29 @@ class LogjamSource(SourceBase):
                     except wire.LogjamDecodeError:
                         valid = False
                 return Request(Ping(valid), first)
-            decoded, size = self._decode_or_error(frames, limits)
-            return Request(decoded, first, size)
-        if kind == PULL and len(frames) == 3:
-            frames = _legacy_frames(frames, int(self.reactor.seconds() * 1000))
-            limits = (self.max_body_bytes, self.max_body_bytes)
-        decoded, size = self._decode_or_error(frames, limits)
-        return Request(decoded, None, size)
-
-    def _decode_or_error(self, frames: list[bytes], limits: tuple[int, int]) -> tuple[Any, int]:
-        batches = self.batches
+        else:
+            first = None
+            if kind == PULL and len(frames) == 3:
+                frames = _legacy_frames(frames, int(self.reactor.seconds() * 1000))
+                limits = (self.max_body_bytes, self.max_body_bytes)
         try:
-            decoded, size = wire.decode_message_sized(frames, *limits, undecoded=batches.native)
-            if decoded.__class__ is wire.UndecodedMessage:
-                decoded = batches.read(decoded, int(self.reactor.seconds() * NANOS))
-            return decoded, size
+            decoded, size = wire.decode_message_sized(frames, *limits, undecoded=self.batches.native)
         except wire.LogjamDecodeError as e:
-            return detached(e), 0  # kept in the chunk: no traceback tying the receiver's frames to it
+            return Request(detached(e), first)  # kept in the chunk: no traceback tying the receiver's frames to it
+        return Request(decoded, first, size)
+
+    def read_bodies(self, chunk: list[Received]) -> list[Received]:
+        """The receiver's ``finish``: the bodies ``decode_frames`` left undecoded in
+        ``chunk`` read in one native call (``LogjamBatches.read_many``)."""
+        undecoded = wire.UndecodedMessage
+        requests = [
+            r for r in (item.decoded for item in chunk) if r.__class__ is Request and r.decoded.__class__ is undecoded
+        ]
+        if requests:
+            read = self.batches.read_many([r.decoded for r in requests], int(self.reactor.seconds() * NANOS))
+            for request, decoded in zip(requests, read):
+                request.decoded = decoded
+        return chunk
 
     # -- on the reactor -------------------------------------------------------------------
 

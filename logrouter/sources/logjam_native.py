@@ -1,9 +1,9 @@
 """logjam request bodies made into the ``logjam`` source's batches without decoding them.
 
 Where the native extension is installed, the source's receiver thread keeps each body
-undecoded (the codec's ``undecoded``) and reads it with one native pass,
-``LogjamBatches.read`` (``logrouter_native.LogjamReader``, ``native/src/logjam.rs``,
-without the GIL): it checks the body is a JSON object Python reads the same way, gives
+undecoded (the codec's ``undecoded``) and reads it with one native pass, the bodies of a
+received chunk in one call, ``LogjamBatches.read_many`` (``logrouter_native.LogjamReader``,
+``native/src/logjam.rs``, the GIL released once for them all): it checks the body is a JSON object Python reads the same way, gives
 the event its time by the source's rules (the first of ``time_fields`` holding one: a
 number is ms since the epoch, a string RFC 3339; else the meta's ``created_ms``, else
 the arrival time), adds the metadata fields and transcodes the record into an entry
@@ -40,20 +40,22 @@ from logrouter.sources.events import time_from_fields
 from logrouter.spool import formats
 from logrouter.wire import json_text
 from logrouter.wire.json_lazy import DocumentEvents
-from logrouter.wire.logjam import METADATA_NAMES, LogjamMessage, Meta, UndecodedMessage, decode_body
+from logrouter.wire.errors import detached
+from logrouter.wire.logjam import METADATA_NAMES, LogjamDecodeError, LogjamMessage, Meta, UndecodedMessage, decode_body
 
 __all__ = [
     "LOGJAM_BODIES", "LogjamBatches", "ScannedMessage", "decode_bodies", "events_of_bodies", "fallback_ns", "scan_bodies",
 ]
 
 _MAX_NS = (1 << 63) - 1
+_MAX_MS = _MAX_NS // 1_000_000  # the largest created_ms whose ns fit
 #: What an event takes of its message besides the body (``Info``): app, env, topic,
 #: device, sequence, and the time (ns) it has when no time field gives one.
 Info = tuple[str, str, str, int, int, int]
 
 
 class ScannedMessage(NamedTuple):
-    """A data message whose body the extension read (``LogjamBatches.read``): ``piece`` is
+    """A data message whose body the extension read (``LogjamBatches.read_many``): ``piece`` is
     its event's entry, and its top-level containers' text, as ``join_logjam`` takes them."""
 
     app: str
@@ -148,15 +150,38 @@ class LogjamBatches:
     def read(self, message: UndecodedMessage, now_ns: int) -> ScannedMessage | LogjamMessage:
         """``message`` (received ``now_ns``) read by the extension, else decoded in Python
         (``LogjamDecodeError`` for a body that is no JSON object)."""
-        app, env, topic, body, meta = message
-        info = (app, env, topic, meta.device, meta.sequence, fallback_ns(meta.created_ms, now_ns))
+        found = self.read_many([message], now_ns)[0]
+        if isinstance(found, Exception):
+            raise found
+        return found
+
+    def read_many(self, messages: Sequence[UndecodedMessage], now_ns: int) -> list[ScannedMessage | LogjamMessage | Exception]:
+        """``read`` of each of ``messages`` (received ``now_ns``), in one native call for
+        them all (the GIL released once, not once a message); a body that is no JSON
+        object gives its ``LogjamDecodeError`` (detached) in its place."""
+        infos = []
+        for message in messages:
+            meta = message.meta
+            created_ms = meta.created_ms
+            fallback = created_ms * 1_000_000 if created_ms and created_ms <= _MAX_MS else now_ns
+            infos.append((message.app, message.env, message.topic, meta.device, meta.sequence, fallback))
         try:
-            piece = self._reader.read(body, *info)  # type: ignore[union-attr]
+            if len(messages) == 1:  # holding the GIL: one body costs less than its round trip
+                pieces = [self._reader.read(messages[0].body, *infos[0])]  # type: ignore[union-attr]
+            else:
+                pieces = self._reader.read_many([m.body for m in messages], infos)  # type: ignore[union-attr]
         except Exception:  # noqa: BLE001 - a bug in the extension: the Python path is the reference
-            piece = None
-        if piece is None:
-            return decode_body(message)
-        return ScannedMessage(app, env, topic, body, meta, info, piece)
+            pieces = [None] * len(messages)
+        out: list[ScannedMessage | LogjamMessage | Exception] = []
+        for message, info, piece in zip(messages, infos, pieces):
+            if piece is not None:
+                out.append(ScannedMessage(message.app, message.env, message.topic, message.body, message.meta, info, piece))
+                continue
+            try:
+                out.append(decode_body(message))
+            except LogjamDecodeError as e:
+                out.append(detached(e))
+        return out
 
     def batch(self, tag: str, messages: Sequence[LogjamMessage | ScannedMessage], now_ns: int, source: str) -> Batch:
         """The batch of ``messages`` (in order); ``now_ns`` is the arrival time of those

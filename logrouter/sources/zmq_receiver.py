@@ -14,10 +14,15 @@ What this module owns, and nothing more (no logjam knowledge: ``decode`` is give
   one configured endpoint (one socket connected to several cannot tell them apart). ZeroMQ
   sockets are not thread-safe: only this thread touches them; the reactor talks to it
   through a command queue and a wake-up socketpair in the same ``zmq.Poller``.
-* **Hand-off.** ``deliver(chunk)`` runs on the reactor (``callFromThread``); a chunk is a
-  list of ``Received``. At most ``in_flight`` chunks are handed over and not yet
-  ``done()``: while the reactor is behind, the thread stops receiving, so the backlog
-  stays in ZeroMQ's queues (bounded by ``receive_hwm``), never in this process's memory.
+* **Hand-off.** ``deliver(chunk)`` runs on the reactor (``callFromThread``, one call for
+  the chunks handed over before the reactor got to them); a chunk is a list of
+  ``Received``. ``finish(chunk)``, if given, runs in the thread on each chunk first (work
+  done once a chunk rather than once a message). At most ``in_flight`` chunks are handed
+  over and not yet ``done()``: while the reactor is behind, the thread stops receiving, so
+  the backlog stays in ZeroMQ's queues (bounded by ``receive_hwm``), never in this
+  process's memory. Every GIL release the thread makes while the reactor wants the GIL
+  may cost it a switch interval: it makes few (frames are received without ``getsockopt``,
+  a wake-up of the thread only when it waits for a free chunk).
 * **Backpressure.** ``pause()`` / ``resume()``: paused, no socket is read. A PUB sender
   then drops what does not fit our queues (seen as sequence gaps by the source), a PUSH
   or DEALER sender blocks or queues on its side.
@@ -78,6 +83,25 @@ class Received(NamedTuple):
     size: int
 
 
+def receive_message(sock: zmq.Socket) -> Optional[list[bytes]]:
+    """The frames of the next message on ``sock``, or None when it holds none now.
+
+    Not ``recv_multipart``: it asks for ``RCVMORE`` with ``getsockopt`` after each frame,
+    which makes an enum of the option every time (over a microsecond a frame, more than
+    receiving it); a ``Frame`` says ``more`` itself.
+    """
+    try:
+        frame = sock.recv(zmq.NOBLOCK, copy=False)
+    except zmq.Again:
+        return None
+    frames = [frame.bytes]
+    while frame.more:
+        # The rest of a message arrives with its first frame (ZeroMQ delivers whole messages).
+        frame = sock.recv(zmq.NOBLOCK, copy=False)
+        frames.append(frame.bytes)
+    return frames
+
+
 class ZmqReceiver:
     log = Logger(namespace="logrouter.source.zmq")
 
@@ -96,11 +120,15 @@ class ZmqReceiver:
         max_message_bytes: int = -1,
         linger_secs: float = 1.0,
         context: Optional[zmq.Context] = None,
+        finish: Optional[Callable[[list[Received]], list[Received]]] = None,
     ) -> None:
         self.reactor = reactor
         self.specs = list(specs)
         self.decode = decode
         self.deliver = deliver
+        #: runs in the thread on each chunk and gives what is delivered in its place (work
+        #: done once a chunk, such as one native call for all its messages)
+        self.finish = finish
         self.name = name
         self.max_chunk_messages = max_chunk_messages
         self.max_chunk_bytes = max_chunk_bytes
@@ -114,6 +142,8 @@ class ZmqReceiver:
         self._lock = threading.Lock()
         self._commands: collections.deque[tuple[Any, ...]] = collections.deque()
         self._handed = 0  # chunks delivered and not yet done(); under _lock
+        self._outbox: collections.deque[list[Received]] = collections.deque()  # handed, not yet delivered; under _lock
+        self._called = False  # a _deliver_handed is on its way to the reactor; under _lock
         self._paused = False
         self._stopping = False
         self._wake_r, self._wake_w = stdsocket.socketpair()
@@ -133,6 +163,19 @@ class ZmqReceiver:
         self._thread.start()
         return self._started
 
+    def _deliver_handed(self) -> None:
+        """Deliver the chunks handed over, in order (on the reactor)."""
+        while True:
+            with self._lock:
+                if not self._outbox:
+                    self._called = False
+                    return
+                chunk = self._outbox.popleft()
+            try:
+                self.deliver(chunk)
+            except Exception:  # noqa: BLE001 - a bug in deliver costs its chunk, not the ones after it
+                self.log.failure("ZeroMQ receiver {name}: delivering a chunk failed", name=self.name)
+
     def pause(self) -> None:
         self._paused = True
         self._wake()
@@ -150,8 +193,12 @@ class ZmqReceiver:
     def done(self) -> None:
         """The reactor finished with one delivered chunk: the thread may hand over another."""
         with self._lock:
+            blocked = self._handed >= self.in_flight
             self._handed -= 1
-        self._wake()
+        if blocked:
+            # Only a thread that stopped reading for want of a free chunk needs waking
+            # (a wake-up is a send, which hands the GIL to the thread and waits for it back).
+            self._wake()
 
     def send(self, index: int, frames: list[bytes]) -> None:
         self._command(("send", index, frames))
@@ -271,34 +318,50 @@ class ZmqReceiver:
             if chunk:
                 with self._lock:
                     self._handed += 1
-                self.reactor.callFromThread(self.deliver, chunk)
+                    self._outbox.append(chunk)
+                    call = not self._called
+                    self._called = True
+                if call:
+                    # One call for the chunks handed over before the reactor got to them:
+                    # each callFromThread writes to the reactor's waker.
+                    self.reactor.callFromThread(self._deliver_handed)
 
     def _read_chunk(self, sockets: list[zmq.Socket], ready: list[int], turn: int) -> list[Received]:
-        """Up to the chunk limits, round robin over the ready sockets, each message decoded."""
+        """Up to the chunk limits, round robin over the ready sockets, each message decoded
+        (then the chunk given to ``finish``)."""
         chunk: list[Received] = []
         size = 0
         order = ready[turn % len(ready) :] + ready[: turn % len(ready)]
         active = list(order)
-        while active and len(chunk) < self.max_chunk_messages and size < self.max_chunk_bytes:
+        decode = self.decode
+        kinds = [spec.kind for spec in self.specs]
+        max_messages, max_bytes = self.max_chunk_messages, self.max_chunk_bytes
+        while active and len(chunk) < max_messages and size < max_bytes:
             for index in list(active):
-                try:
-                    frames = sockets[index].recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
+                frames = receive_message(sockets[index])
+                if frames is None:
                     active.remove(index)
                     continue
-                spec = self.specs[index]
+                kind = kinds[index]
                 identity = None
-                if spec.kind == ROUTER:
-                    identity, frames = frames[0], frames[1:]
-                n = sum(len(f) for f in frames)
+                if kind == ROUTER:
+                    identity = frames.pop(0)
+                n = 0
+                for frame in frames:
+                    n += len(frame)
                 try:
-                    decoded = self.decode(spec.kind, frames)
+                    decoded = decode(kind, frames)
                 except Exception as e:  # noqa: BLE001 - the source judges it (counted, replied)
                     decoded = detached(e)
                 chunk.append(Received(index, identity, decoded, n))
                 size += n
-                if len(chunk) >= self.max_chunk_messages or size >= self.max_chunk_bytes:
+                if len(chunk) >= max_messages or size >= max_bytes:
                     break
+        if chunk and self.finish is not None:
+            try:
+                chunk = self.finish(chunk)
+            except Exception as e:  # noqa: BLE001 - a bug there costs the chunk's messages, not the thread
+                chunk = [Received(item.socket, item.identity, detached(e), item.size) for item in chunk]
         return chunk
 
     def _drain_wake(self) -> None:

@@ -214,6 +214,10 @@ def decode_meta(frame: bytes) -> Meta:
 
 # --- names -----------------------------------------------------------------------------
 
+#: (app-env frame, topic frame) -> (app, env, topic) of names already checked; emptied when full
+_NAMES: dict[tuple[bytes, bytes], tuple[str, str, str]] = {}
+_MAX_NAMES = 4096
+
 
 def split_stream_name(frame: bytes) -> tuple[str, str]:
     """(app, env) of a well-formed app-env frame: bytes 32..127 with a ``-``, split at the last one."""
@@ -348,8 +352,15 @@ def decode_message_sized(
         endpoint = _ascii(bytes(topic_frame), "stream", "heartbeat endpoint")
         # The body is "{}" as sent; it is not decoded, a heartbeat's content is its meta.
         return Heartbeat(endpoint, meta), len(body)
-    app, env = split_stream_name(bytes(stream))
-    topic = _ascii(bytes(topic_frame), "topic", "topic")
+    key = (bytes(stream), bytes(topic_frame))
+    names = _NAMES.get(key)
+    if names is None:
+        # A stream sends many messages under few names: checked and decoded once each.
+        names = (*split_stream_name(key[0]), _ascii(key[1], "topic", "topic"))
+        if len(_NAMES) >= _MAX_NAMES:
+            _NAMES.clear()
+        _NAMES[key] = names
+    app, env, topic = names
     data = decompress_body(bytes(body), meta.compression, max_decompressed_bytes)
     if undecoded:
         return UndecodedMessage(app, env, topic, data, meta), len(data)

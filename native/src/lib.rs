@@ -31,6 +31,13 @@ fn guarded<T: Send>(py: Python<'_>, work: impl FnOnce() -> T + Send) -> PyResult
         .map_err(|_| PyRuntimeError::new_err("logrouter_native panicked (a bug): the Python path takes over"))
 }
 
+/// Run `work` holding the GIL (work too short to be worth a switch of threads); a panic
+/// becomes a RuntimeError, as in `guarded`.
+fn caught<T>(work: impl FnOnce() -> T) -> PyResult<T> {
+    catch_unwind(AssertUnwindSafe(work))
+        .map_err(|_| PyRuntimeError::new_err("logrouter_native panicked (a bug): the Python path takes over"))
+}
+
 pub(crate) fn bytes_of<T: Copy>(values: &[T]) -> &[u8] {
     // Arrow buffers are native-endian: the values' own bytes are what it reads.
     unsafe { std::slice::from_raw_parts(values.as_ptr() as *const u8, std::mem::size_of_val(values)) }

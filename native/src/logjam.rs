@@ -17,6 +17,7 @@
 //! not worth a second writer), where a time-field string is one `stamp_time` leaves to
 //! Python, or where an event's time is one EventTime cannot hold.
 
+use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 
@@ -206,12 +207,20 @@ fn metadata_keys(prefix: &str) -> Vec<Vec<u8>> {
     ["app", "env", "topic", "device", "sequence"].iter().map(|n| format!("{prefix}{n}").into_bytes()).collect()
 }
 
-/// `LogjamReader(prefix, time_fields)`: a source's reads of one body at a time, for its
-/// receiver thread (the names made once, not per body).
+/// `LogjamReader(prefix, time_fields)`: a source's reads of bodies for its receiver
+/// thread (the names made once, not per body).
 #[pyclass(frozen, module = "logrouter_native")]
 pub struct LogjamReader {
     keys: Vec<Vec<u8>>,
     names: Vec<Vec<u8>>,
+}
+
+/// One body's piece: `(entry, index, texts)`, as `join_logjam` takes it.
+type Piece<'py> = (Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>);
+
+fn piece<'py>(py: Python<'py>, found: &Scanned) -> Piece<'py> {
+    let index: Vec<u32> = found.index.iter().flat_map(|s| [s.at, s.start, s.end]).collect();
+    (PyBytes::new(py, &found.blob), PyBytes::new(py, crate::bytes_of(&index)), PyBytes::new(py, &found.texts))
 }
 
 #[pymethods]
@@ -224,7 +233,8 @@ impl LogjamReader {
     /// `read(body, app, env, topic, device, sequence, fallback)`: `scan_logjam` of one
     /// body: None if it is outside; else `(entry, index, texts)`, its event's entry and
     /// its top-level containers' text, the index's offsets relative to the two, as
-    /// `join_logjam` takes them.
+    /// `join_logjam` takes them. The GIL is held: one small body takes less time than
+    /// handing the GIL to another thread and waiting to get it back.
     #[allow(clippy::too_many_arguments)]
     fn read<'py>(
         &self,
@@ -236,18 +246,40 @@ impl LogjamReader {
         device: u32,
         sequence: u64,
         fallback: i64,
-    ) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    ) -> PyResult<Option<Piece<'py>>> {
         let meta = Meta { app: app.as_bytes(), env: env.as_bytes(), topic: topic.as_bytes(), device, sequence, fallback };
         let names: Vec<&[u8]> = self.names.iter().map(|n| &n[..]).collect();
         let doc = body.as_bytes();
+        let found = crate::caught(|| scan(&[doc], std::slice::from_ref(&meta), &self.keys, &names))?;
+        Ok(found.ok().map(|found| piece(py, &found)))
+    }
+
+    /// `read_many(bodies, infos)`: `read` of each body with its message's info
+    /// (`(app, env, topic, device, sequence, fallback ns)`), in one call that releases
+    /// the GIL once for them all (a receiver thread's chunk): a list of pieces, None
+    /// where a body is outside.
+    fn read_many<'py>(&self, py: Python<'py>, bodies: Vec<Bound<'py, PyBytes>>, infos: Vec<PyMeta>) -> PyResult<Vec<Option<Piece<'py>>>> {
+        if bodies.len() != infos.len() {
+            return Err(PyValueError::new_err("read_many: as many infos as bodies"));
+        }
+        let docs: Vec<&[u8]> = bodies.iter().map(|b| b.as_bytes()).collect();
+        let metas: Vec<Meta> = infos
+            .iter()
+            .map(|(app, env, topic, device, sequence, fallback)| Meta {
+                app: app.as_bytes(),
+                env: env.as_bytes(),
+                topic: topic.as_bytes(),
+                device: *device,
+                sequence: *sequence,
+                fallback: *fallback,
+            })
+            .collect();
+        let names: Vec<&[u8]> = self.names.iter().map(|n| &n[..]).collect();
         let keys = &self.keys;
-        let found = match crate::guarded(py, || scan(&[doc], std::slice::from_ref(&meta), keys, &names))? {
-            Ok(found) => found,
-            Err(_) => return Ok(None),
-        };
-        let index: Vec<u32> = found.index.iter().flat_map(|s| [s.at, s.start, s.end]).collect();
-        let result = (PyBytes::new(py, &found.blob), PyBytes::new(py, crate::bytes_of(&index)), PyBytes::new(py, &found.texts));
-        Ok(Some(result.into_pyobject(py)?))
+        let found: Vec<R<Scanned>> = crate::guarded(py, || {
+            docs.iter().zip(&metas).map(|(doc, meta)| scan(&[*doc], std::slice::from_ref(meta), keys, &names)).collect()
+        })?;
+        Ok(found.iter().map(|f| f.as_ref().ok().map(|found| piece(py, found))).collect())
     }
 }
 
@@ -294,6 +326,9 @@ pub fn join(pieces: &[(&[u8], &[u8], &[u8])]) -> R<Scanned> {
     Ok(out)
 }
 
+/// A join of fewer bytes than this holds the GIL.
+const JOIN_UNLOCKED_BYTES: usize = 1 << 20;
+
 /// `join_logjam(pieces)`: the `(entries, buckets, texts)` of a batch of messages from
 /// their `LogjamReader.read` pieces, as `scan_logjam` gives them for the batch's bodies;
 /// None for a piece that is not one.
@@ -303,7 +338,11 @@ pub fn join_logjam<'py>(
     pieces: Vec<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>)>,
 ) -> PyResult<Option<Bound<'py, PyTuple>>> {
     let parts: Vec<(&[u8], &[u8], &[u8])> = pieces.iter().map(|(e, i, t)| (e.as_bytes(), i.as_bytes(), t.as_bytes())).collect();
-    let found = match crate::guarded(py, || join(&parts))? {
+    // A join is a copy: below a MiB it takes less time than the GIL's round trip to
+    // another thread (the reactor's receiver thread waits for it) and back.
+    let size: usize = parts.iter().map(|(e, i, t)| e.len() + i.len() + t.len()).sum();
+    let joined = if size < JOIN_UNLOCKED_BYTES { crate::caught(|| join(&parts))? } else { crate::guarded(py, || join(&parts))? };
+    let found = match joined {
         Ok(found) => found,
         Err(_) => return Ok(None),
     };

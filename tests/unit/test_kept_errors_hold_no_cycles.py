@@ -14,6 +14,7 @@ from __future__ import annotations
 import gc
 import struct
 import weakref
+from functools import partial
 from types import SimpleNamespace
 
 import pytest
@@ -21,6 +22,7 @@ from twisted.internet import task
 
 from logrouter.sources.logjam import LogjamSource
 from logrouter.sources.logjam_native import LogjamBatches
+from logrouter.sources.zmq_receiver import PULL
 from logrouter.wire import lumberjack as lj
 from logrouter.wire.errors import detached
 from logrouter.wire.inflate import InflateError, StreamInflater
@@ -76,18 +78,19 @@ def test_a_failed_inflater_keeps_no_traceback(collector_off) -> None:
 
 @pytest.mark.parametrize("native", [True, False])
 def test_a_logjam_message_that_does_not_decode_keeps_no_traceback(collector_off, native: bool) -> None:
-    # the receiver thread's decode (a source's state: its batches' native reader, the clock)
+    # the receiver thread's decode of a source (its batches' native reader, its limits, the clock)
     batches = LogjamBatches("logjam_", ["started_ms"])
     if not native:
         batches.native = False
-    source = SimpleNamespace(batches=batches, reactor=task.Clock())
+    source = SimpleNamespace(batches=batches, reactor=task.Clock(), limits=(1 << 20, 1 << 20), max_body_bytes=1 << 20)
+    source.decode_frames = partial(LogjamSource.decode_frames, source)
 
     def decode() -> None:
-        error, size = LogjamSource._decode_or_error(source, [b"app-env", b"topic", b"{not json", b"\x00" * 24], (1 << 20, 1 << 20))
-        assert size == 0
+        request = LogjamSource.decode(source, PULL, [b"app-env", b"topic", b"{not json", b"\x00" * 24])
+        error = request.decoded
         assert isinstance(error, Exception) and error.__traceback__ is None and error.__context__ is None
-        chunk = [error]  # as the receiver keeps it until the reactor takes the chunk
-        del chunk
+        chunk = [request]  # as the receiver keeps it until the reactor takes the chunk
+        del chunk, request, error
 
     assert unreachable_after(decode) == 0
 
