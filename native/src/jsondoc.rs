@@ -21,7 +21,7 @@
 
 use crate::jsonparse::{Top, Val, P};
 use crate::keys;
-use crate::reader::{hour_bucket, Outside, R, NANOS_PER_SECOND};
+use crate::reader::{count_hour, Outside, R, NANOS_PER_SECOND};
 
 
 /// How a field path is looked up (`logrouter.sources.events` / `event_keys`).
@@ -37,6 +37,12 @@ pub struct Path {
     pub lookup: Lookup,
     pub name: Vec<u8>,
     pub keys: Vec<Vec<u8>>,
+}
+
+/// `index` as Python reads it (`DocumentEvents.texts`' first part): per spliced value its
+/// `(at, start, end)`, native-endian `u32` words.
+pub fn index_words(index: &[Spliced]) -> Vec<u32> {
+    index.iter().flat_map(|s| [s.at, s.start, s.end]).collect()
 }
 
 pub struct Scanned<'a> {
@@ -439,14 +445,7 @@ pub fn scan_with<'a>(documents: &[&'a [u8]], now: i64, drop_metadata: bool, path
     };
     for doc in documents {
         let time = document(doc, now, paths, &mut out, &mut work)?;
-        let bucket = hour_bucket(time);
-        if let Some((_, count)) = out.buckets.iter_mut().find(|(known, _)| *known == bucket) {
-            *count += 1;
-        } else if out.buckets.len() >= 1024 {
-            return Err(Outside);
-        } else {
-            out.buckets.push((bucket, 1));
-        }
+        count_hour(&mut out.buckets, time)?;
     }
     Ok(out)
 }

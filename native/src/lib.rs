@@ -474,7 +474,7 @@ fn scanned<'py>(
         }
         _ => None,
     };
-    let index: Vec<u32> = found.index.iter().flat_map(|s| [s.at, s.start, s.end]).collect();
+    let index = jsondoc::index_words(&found.index);
     let data = match within {
         Some(buffer) => buffer.clone(),
         None => PyBytes::new(py, &found.texts),

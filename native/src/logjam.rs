@@ -21,9 +21,9 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 
-use crate::jsondoc::{stamp_time, Spliced};
+use crate::jsondoc::{index_words, stamp_time, Spliced};
 use crate::jsonparse::{write_str, Top, Val, P};
-use crate::reader::{hour_bucket, Outside, R, NANOS_PER_SECOND};
+use crate::reader::{count_hour, Outside, R, NANOS_PER_SECOND};
 
 /// One message's part of its event besides the body.
 pub struct Meta<'a> {
@@ -149,14 +149,7 @@ pub fn scan(bodies: &[&[u8]], metas: &[Meta], keys: &[Vec<u8>], names: &[&[u8]])
     let mut scratch = Vec::new();
     for (doc, meta) in bodies.iter().zip(metas) {
         let time = body(doc, meta, keys, names, &mut out, &mut scratch)?;
-        let bucket = hour_bucket(time);
-        if let Some((_, count)) = out.buckets.iter_mut().find(|(known, _)| *known == bucket) {
-            *count += 1;
-        } else if out.buckets.len() >= 1024 {
-            return Err(Outside);
-        } else {
-            out.buckets.push((bucket, 1));
-        }
+        count_hour(&mut out.buckets, time)?;
     }
     Ok(out)
 }
@@ -194,10 +187,14 @@ pub fn scan_logjam<'py>(
         Ok(found) => found,
         Err(_) => return Ok(None),
     };
-    let index: Vec<u32> = found.index.iter().flat_map(|s| [s.at, s.start, s.end]).collect();
+    Ok(Some(batch_tuple(py, found)?))
+}
+
+/// `(entries, buckets, (index, texts))` of a batch, as `scan_documents` gives them.
+fn batch_tuple(py: Python<'_>, found: Scanned) -> PyResult<Bound<'_, PyTuple>> {
+    let index = index_words(&found.index);
     let texts = (PyBytes::new(py, crate::bytes_of(&index)), PyBytes::new(py, &found.texts));
-    let result = (PyBytes::new(py, &found.blob), found.buckets, texts).into_pyobject(py)?;
-    Ok(Some(result))
+    (PyBytes::new(py, &found.blob), found.buckets, texts).into_pyobject(py)
 }
 
 fn metadata_keys(prefix: &str) -> Vec<Vec<u8>> {
@@ -219,7 +216,7 @@ pub struct LogjamReader {
 type Piece<'py> = (Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyBytes>);
 
 fn piece<'py>(py: Python<'py>, found: &Scanned) -> Piece<'py> {
-    let index: Vec<u32> = found.index.iter().flat_map(|s| [s.at, s.start, s.end]).collect();
+    let index = index_words(&found.index);
     (PyBytes::new(py, &found.blob), PyBytes::new(py, crate::bytes_of(&index)), PyBytes::new(py, &found.texts))
 }
 
@@ -298,14 +295,7 @@ pub fn join(pieces: &[(&[u8], &[u8], &[u8])]) -> R<Scanned> {
         }
         let seconds = u32::from_be_bytes(entry[3..7].try_into().map_err(|_| Outside)?) as i64;
         let nanos = u32::from_be_bytes(entry[7..11].try_into().map_err(|_| Outside)?) as i64;
-        let bucket = hour_bucket(seconds * NANOS_PER_SECOND + nanos);
-        if let Some((_, count)) = out.buckets.iter_mut().find(|(known, _)| *known == bucket) {
-            *count += 1;
-        } else if out.buckets.len() >= 1024 {
-            return Err(Outside);
-        } else {
-            out.buckets.push((bucket, 1));
-        }
+        count_hour(&mut out.buckets, seconds * NANOS_PER_SECOND + nanos)?;
         let offset = |n: usize| u32::try_from(n).map_err(|_| Outside);
         let (at, from) = (offset(out.blob.len())?, offset(out.texts.len())?);
         for triple in index.chunks_exact(12) {
@@ -346,15 +336,13 @@ pub fn join_logjam<'py>(
         Ok(found) => found,
         Err(_) => return Ok(None),
     };
-    let index: Vec<u32> = found.index.iter().flat_map(|s| [s.at, s.start, s.end]).collect();
-    let texts = (PyBytes::new(py, crate::bytes_of(&index)), PyBytes::new(py, &found.texts));
-    let result = (PyBytes::new(py, &found.blob), found.buckets, texts).into_pyobject(py)?;
-    Ok(Some(result))
+    Ok(Some(batch_tuple(py, found)?))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::reader::hour_bucket;
 
     fn meta(fallback: i64) -> Meta<'static> {
         Meta { app: b"shop", env: b"prod", topic: b"logs", device: 7, sequence: u64::MAX, fallback }
@@ -399,7 +387,7 @@ mod tests {
         let names: Vec<&[u8]> = vec![b"started_ms"];
         let whole = scan(&docs, &metas, &keys(), &names).unwrap();
         let ones: Vec<Scanned> = docs.iter().zip(&metas).map(|(d, m)| scan(&[d], std::slice::from_ref(m), &keys(), &names).unwrap()).collect();
-        let indexes: Vec<Vec<u8>> = ones.iter().map(|o| o.index.iter().flat_map(|s| [s.at, s.start, s.end]).flat_map(u32::to_ne_bytes).collect()).collect();
+        let indexes: Vec<Vec<u8>> = ones.iter().map(|o| index_words(&o.index).into_iter().flat_map(u32::to_ne_bytes).collect()).collect();
         let pieces: Vec<(&[u8], &[u8], &[u8])> = ones.iter().zip(&indexes).map(|(o, i)| (&o.blob[..], &i[..], &o.texts[..])).collect();
         let joined = join(&pieces).unwrap();
         assert_eq!((joined.blob, joined.texts, joined.index, joined.buckets), (whole.blob, whole.texts, whole.index, whole.buckets));

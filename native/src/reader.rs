@@ -294,6 +294,25 @@ pub fn hour_bucket(time_ns: i64) -> i64 {
     time_ns.div_euclid(HOUR_NS)
 }
 
+/// Most hour buckets one read may spread over: a read spread over more is outside the
+/// native subset (the Python path takes it).
+pub const MAX_BUCKETS: usize = 1024;
+
+/// Count one more event of `time_ns` in `buckets` (distinct hours in order of first
+/// appearance, with their counts); `Outside` past `MAX_BUCKETS` hours.
+#[inline]
+pub fn count_hour(buckets: &mut Vec<(i64, usize)>, time_ns: i64) -> R<()> {
+    let bucket = hour_bucket(time_ns);
+    if let Some((_, count)) = buckets.iter_mut().find(|(known, _)| *known == bucket) {
+        *count += 1;
+    } else if buckets.len() >= MAX_BUCKETS {
+        return Err(Outside);
+    } else {
+        buckets.push((bucket, 1));
+    }
+    Ok(())
+}
+
 /// What `scan` found in a blob of the subset.
 pub struct Scan {
     pub entries: usize,
@@ -320,14 +339,7 @@ pub fn scan(blob: &[u8], now: Option<i64>) -> R<Scan> {
                 None => continue, // the caller reads the clock and scans again
             }
         }
-        let bucket = hour_bucket(time);
-        if let Some((_, count)) = scan.buckets.iter_mut().find(|(known, _)| *known == bucket) {
-            *count += 1;
-        } else if scan.buckets.len() >= 1024 {
-            return Err(Outside); // a blob spread over that many hours: the Python path
-        } else {
-            scan.buckets.push((bucket, 1));
-        }
+        count_hour(&mut scan.buckets, time)?;
     }
     Ok(scan)
 }
