@@ -51,26 +51,39 @@ pub struct Texts<'a> {
 }
 
 impl<'a> Texts<'a> {
+    fn word(&self, i: usize) -> usize {
+        let b = &self.index[i * 4..i * 4 + 4];
+        u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize
+    }
+
     /// The JSON text of the value whose msgpack starts at `at` in the blob, if indexed.
-    fn of(&self, at: usize) -> Option<&'a [u8]> {
-        let word = |i: usize| -> usize {
-            let b = &self.index[i * 4..i * 4 + 4];
-            u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize
-        };
-        let (mut low, mut high) = (0, self.index.len() / 12);
-        while low < high {
-            let mid = (low + high) / 2;
-            let found = word(mid * 3);
-            if found == at {
-                return self.data.get(word(mid * 3 + 1)..word(mid * 3 + 2));
+    /// `next`: where to look first (the entry after the last one found, which is the
+    /// one wanted when the containers are asked for in blob order, as `run` does);
+    /// elsewhere a binary search.
+    fn of(&self, at: usize, next: &mut usize) -> Option<&'a [u8]> {
+        let entries = self.index.len() / 12;
+        let found = if *next < entries && self.word(*next * 3) == at {
+            Some(*next)
+        } else {
+            let (mut low, mut high) = (0, entries);
+            let mut found = None;
+            while low < high {
+                let mid = (low + high) / 2;
+                let here = self.word(mid * 3);
+                if here == at {
+                    found = Some(mid);
+                    break;
+                }
+                if here < at {
+                    low = mid + 1;
+                } else {
+                    high = mid;
+                }
             }
-            if found < at {
-                low = mid + 1;
-            } else {
-                high = mid;
-            }
-        }
-        None
+            found
+        }?;
+        *next = found + 1;
+        self.data.get(self.word(found * 3 + 1)..self.word(found * 3 + 2))
     }
 }
 
@@ -230,6 +243,7 @@ pub fn run<'a>(pieces: &[Piece<'a>], schema: &[(&'a [u8], u8)], build: bool) -> 
         let mut r = Reader::new(piece.blob);
         let mut taken = 0; // entries of the piece's bucket met so far
         let mut next = 0; // place in the piece's selection
+        let mut next_text = 0; // place in the piece's texts index
         while !r.at_end() && taken < piece.stop {
             let (mut time, count) = r.entry_head()?;
             if time == 0 {
@@ -293,8 +307,10 @@ pub fn run<'a>(pieces: &[Piece<'a>], schema: &[(&'a [u8], u8)], build: bool) -> 
                         text.push(b':');
                         // The piece's own blob (an edited row's spans hold a prefix of
                         // it); an edit's values are bytes of their own.
+                        // Only top-level containers are indexed (`jsondoc::Spliced`).
                         let same = buf.as_ptr() == piece.blob.as_ptr() && buf.len() <= piece.blob.len();
-                        match piece.texts.filter(|_| same).and_then(|t| t.of(start)) {
+                        let container = matches!(buf[start], 0x80..=0x9f | 0xdc..=0xdf);
+                        match piece.texts.filter(|_| same && container).and_then(|t| t.of(start, &mut next_text)) {
                             Some(json) => text.extend_from_slice(json),
                             None => {
                                 let mut value = Reader { buf: &buf[..end], pos: start };

@@ -12,7 +12,7 @@
 use blake2::digest::{Update, VariableOutput};
 use blake2::Blake2bVar;
 
-use crate::jsonparse::Val;
+use crate::jsonparse::{write_str, Val};
 
 pub const DIGEST_BYTES: usize = 16;
 
@@ -35,22 +35,6 @@ fn array_head(o: &mut Vec<u8>, n: usize) {
         o.push(0xdd);
         o.extend_from_slice(&(n as u32).to_be_bytes());
     }
-}
-
-fn str_value(o: &mut Vec<u8>, s: &[u8]) {
-    let n = s.len();
-    if n < 32 {
-        o.push(0xa0 | n as u8);
-    } else if n < 256 {
-        o.extend_from_slice(&[0xd9, n as u8]);
-    } else if n < 65536 {
-        o.push(0xda);
-        o.extend_from_slice(&(n as u16).to_be_bytes());
-    } else {
-        o.push(0xdb);
-        o.extend_from_slice(&(n as u32).to_be_bytes());
-    }
-    o.extend_from_slice(s);
 }
 
 fn int_value(o: &mut Vec<u8>, i: i64) {
@@ -103,8 +87,8 @@ fn scalar(o: &mut Vec<u8>, v: &Val) -> bool {
             o.push(0xcb);
             o.extend_from_slice(&f.to_bits().to_be_bytes());
         }
-        Val::Str(s) => str_value(o, s),
-        Val::Owned(s) => str_value(o, s),
+        Val::Str(s) => write_str(o, s),
+        Val::Owned(s) => write_str(o, s),
         Val::Missing | Val::Container => return false,
     }
     true
@@ -118,25 +102,25 @@ fn material(spec: &Spec, row: &[&Val], o: &mut Vec<u8>) -> bool {
             let [id, offset, path, ephemeral, stamp, _] = row else { return false };
             if let Some(id) = text(id).filter(|s| !s.is_empty()) {
                 array_head(o, 2);
-                str_value(o, b"id");
-                str_value(o, id);
+                write_str(o, b"id");
+                write_str(o, id);
                 return true;
             }
             let (Val::Int(offset), Some(path), Some(ephemeral), Some(stamp)) = (offset, text(path), text(ephemeral), text(stamp)) else {
                 return false;
             };
             array_head(o, 5);
-            str_value(o, b"line");
-            str_value(o, ephemeral);
-            str_value(o, path);
+            write_str(o, b"line");
+            write_str(o, ephemeral);
+            write_str(o, path);
             int_value(o, *offset);
-            str_value(o, stamp);
+            write_str(o, stamp);
             true
         }
         Spec::Fields(name) => {
             let values = &row[..row.len() - 1];
             array_head(o, 1 + values.len());
-            str_value(o, name);
+            write_str(o, name);
             values.iter().all(|v| scalar(o, v))
         }
     }

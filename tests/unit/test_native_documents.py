@@ -342,3 +342,19 @@ def test_filtered_documents_take_their_objects_text_into_extra_as_python_writes_
     native, python = lake_tables(edited, reference)
     assert_same_tables(native, python)
     assert '"machine":{ "a" : [ 1 , 2.50 , "\\u00e9" ] }' in native.column("_extra")[0].as_py()  # spliced
+
+
+def test_misfit_objects_take_their_text_whatever_order_the_build_asks_for_them() -> None:
+    """``_extra`` asks for the spliced texts in blob order (unknown fields) and then in
+    column order (misfits), which can run backwards: each object's text is found either
+    way (``columns::Texts::of``), as it came, and the rows are what Python makes."""
+    docs = [b'{"@timestamp":"2026-11-26T10:00:00Z","b":"x","a":"y"}']
+    docs += [b'{"@timestamp":"2026-11-26T10:00:01Z","a":{ "k" : 1 },"c":[ 2 ],"b":[ 3 ],"d":{ }}'] * 3
+    events = events_of_documents(docs, NOW, False)
+    assert type(events) is DocumentEvents and events.texts is not None
+    reference = [(time, dict(record)) for time, record in events]
+    native, python = lake_tables(events, reference)
+    assert native.column_names[2:4] == ["b", "a"]  # columns b, a; the records have a before b
+    assert_same_tables(native, python)
+    for text in native.column("_extra").to_pylist()[1:]:
+        assert text == '{"c":[ 2 ],"d":{ },"b":[ 3 ],"a":{ "k" : 1 }}'  # every text spliced

@@ -236,3 +236,28 @@ def test_bad_input_fails_the_same_way_on_both_paths() -> None:
     with pytest.raises(ForwardDecodeError) as python_error:
         decode_entries(bad, None)
     assert str(native_error.value) == str(python_error.value)
+
+
+def test_the_table_holds_the_buffers_the_build_made() -> None:
+    """The build hands its vectors to pyarrow without a copy (``native/src/owned.rs``):
+    the table keeps them alive after everything else is gone, and they are read-only."""
+    import gc
+
+    events = [(NOW + i, {"msg": f"m{i}", "n": i, "deep": {"k": [i]}}) for i in range(50)]
+    pending = PendingRows()
+    pending.extend(lazy_events(entries_of(events), NOW))
+    types = ColumnTypes()
+    table = build_table(TableBuilder(file_schema_of(types, pending, {}), types), pending)
+    expected = [(f"m{i}", i, json.dumps({"deep": {"k": [i]}}, separators=(",", ":"))) for i in range(50)]
+    del pending
+    gc.collect()
+    rows = zip(table.column("msg").to_pylist(), table.column("n").to_pylist(), table.column("_extra").to_pylist())
+    assert [(m, n, json.dumps(json.loads(e), separators=(",", ":"))) for m, n, e in rows] == expected
+    rows, times, columns, extra, _ = NATIVE.build([(entries_of(events), NOW, None, 0, 1 << 30)], [("msg", 4)], True)
+    data = columns[0][2]
+    assert data == b"".join(f"m{i}".encode() for i in range(50)) and bytes(data) == data and data != b"x"
+    assert len(times) == 8 * rows == 400
+    view = memoryview(extra[3])
+    assert view.readonly and view.nbytes == 4 * 51
+    with pytest.raises(TypeError):
+        view[0] = 1  # type: ignore[index]
