@@ -21,7 +21,6 @@ pub mod json;
 pub mod jsondoc;
 pub mod jsonparse;
 pub mod logjam;
-pub mod owned;
 pub mod keys;
 pub mod reader;
 
@@ -103,15 +102,14 @@ fn forward_frames(data: &Bound<'_, PyAny>, limit: usize) -> PyResult<(Vec<Framed
 
 type FramedMessage = (usize, usize, usize, usize, usize, usize, Option<(usize, usize)>);
 
-fn column_tuple<'py>(py: Python<'py>, column: columns::Column) -> PyResult<Bound<'py, PyTuple>> {
-    // The vectors themselves, not copies (`owned`).
-    let validity = if column.nulls > 0 { Some(owned::Owned::bytes(column.validity)) } else { None };
+fn column_tuple<'py>(py: Python<'py>, column: &columns::Column) -> PyResult<Bound<'py, PyTuple>> {
+    let validity = if column.nulls > 0 { Some(PyBytes::new(py, &column.validity)) } else { None };
     let offsets = if column.kind == columns::STRING || column.kind == columns::BINARY {
-        Some(owned::Owned::i32s(column.offsets))
+        Some(PyBytes::new(py, bytes_of(&column.offsets)))
     } else {
         None
     };
-    (column.nulls, validity, owned::Owned::bytes(column.data), offsets).into_pyobject(py)
+    (column.nulls, validity, PyBytes::new(py, &column.data), offsets).into_pyobject(py)
 }
 
 /// `build(pieces, schema, build=True)`: the rows of `pieces` (`(blob, now, bucket,
@@ -163,12 +161,12 @@ fn build<'py>(
         texts: texts[i].as_ref().map(|(index, data)| columns::Texts { index: index.as_bytes(), data: data.as_bytes() }),
     }).collect();
     let names: Vec<(&[u8], u8)> = schema.iter().map(|(name, kind)| (name.as_bytes(), *kind)).collect();
-    let mut out = match guarded(py, || columns::run(&parts, &names, build))? {
+    let out = match guarded(py, || columns::run(&parts, &names, build))? {
         Ok(out) => out,
         Err(_) => return Ok(None),
     };
     let cols = PyList::empty(py);
-    for column in std::mem::take(&mut out.columns) {
+    for column in &out.columns {
         cols.append(column_tuple(py, column)?)?;
     }
     let fields = PyList::empty(py);
@@ -177,8 +175,8 @@ fn build<'py>(
         let name = std::str::from_utf8(field.name).map_err(|_| PyRuntimeError::new_err("field name not UTF-8"))?;
         fields.append((name, field.first, field.float_after_int))?;
     }
-    let extra = if build { Some(column_tuple(py, std::mem::replace(&mut out.extra, columns::Column::new(columns::STRING)))?) } else { None };
-    let result = (out.rows, owned::Owned::i64s(std::mem::take(&mut out.times)), cols, extra, fields).into_pyobject(py)?;
+    let extra = if build { Some(column_tuple(py, &out.extra)?) } else { None };
+    let result = (out.rows, PyBytes::new(py, bytes_of(&out.times)), cols, extra, fields).into_pyobject(py)?;
     Ok(Some(result))
 }
 
