@@ -239,8 +239,8 @@ def test_bad_input_fails_the_same_way_on_both_paths() -> None:
 
 
 def test_the_table_holds_the_buffers_the_build_made() -> None:
-    """The build hands its vectors to pyarrow without a copy (``native/src/owned.rs``):
-    the table keeps them alive after everything else is gone, and they are read-only."""
+    """The table keeps the build's buffers alive after everything else is gone, and they
+    are read-only."""
     import gc
 
     events = [(NOW + i, {"msg": f"m{i}", "n": i, "deep": {"k": [i]}}) for i in range(50)]
