@@ -45,6 +45,20 @@ pub fn index_words(index: &[Spliced]) -> Vec<u32> {
     index.iter().flat_map(|s| [s.at, s.start, s.end]).collect()
 }
 
+/// Write `time` (ns) into the EventTime head `[0x92, 0xd7, 0x00, seconds, nanos]` an entry
+/// starts with (`entry`); `Outside` for a time it cannot hold: EventTime's seconds are a
+/// u32, and 0 means "now" to the entries reader.
+pub fn stamp_event_time(entry: &mut [u8], time: i64) -> R<()> {
+    if time <= 0 || time / NANOS_PER_SECOND > u32::MAX as i64 {
+        return Err(Outside);
+    }
+    let seconds = (time / NANOS_PER_SECOND) as u32;
+    let nanos = (time % NANOS_PER_SECOND) as u32;
+    entry[3..7].copy_from_slice(&seconds.to_be_bytes());
+    entry[7..11].copy_from_slice(&nanos.to_be_bytes());
+    Ok(())
+}
+
 pub struct Scanned<'a> {
     pub blob: Vec<u8>,
     /// The JSON text of every top-level object or array value of the records, copied
@@ -328,14 +342,7 @@ fn document<'a>(doc: &'a [u8], now: i64, paths: &[Path], out: &mut Scanned<'a>, 
             time = t;
         }
     }
-    // EventTime holds seconds as u32, and 0 means "now" to the entries reader.
-    if time <= 0 || time / NANOS_PER_SECOND > u32::MAX as i64 {
-        return Err(Outside);
-    }
-    let seconds = (time / NANOS_PER_SECOND) as u32;
-    let nanos = (time % NANOS_PER_SECOND) as u32;
-    blob[head + 3..head + 7].copy_from_slice(&seconds.to_be_bytes());
-    blob[head + 7..head + 11].copy_from_slice(&nanos.to_be_bytes());
+    stamp_event_time(&mut blob[head..], time)?;
     let offset = |n: usize| u32::try_from(n).map_err(|_| Outside); // a read of 4 GiB: Python's
     match work.within {
         // The text where it lies in the buffer holding every document: no copy.

@@ -21,7 +21,7 @@ use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyTuple};
 
-use crate::jsondoc::{index_words, stamp_time, Spliced};
+use crate::jsondoc::{index_words, stamp_event_time, stamp_time, Spliced};
 use crate::jsonparse::{write_str, Top, Val, P};
 use crate::reader::{count_hour, Outside, R, NANOS_PER_SECOND};
 
@@ -116,14 +116,7 @@ fn body(doc: &[u8], meta: &Meta, keys: &[Vec<u8>], names: &[&[u8]], out: &mut Sc
         write_int(blob, meta.sequence);
     }
     let time = body_time(&top, names, meta.fallback)?;
-    // EventTime holds seconds as u32, and 0 means "now" to the entries reader.
-    if time <= 0 || time / NANOS_PER_SECOND > u32::MAX as i64 {
-        return Err(Outside);
-    }
-    let seconds = (time / NANOS_PER_SECOND) as u32;
-    let nanos = (time % NANOS_PER_SECOND) as u32;
-    blob[head + 3..head + 7].copy_from_slice(&seconds.to_be_bytes());
-    blob[head + 7..head + 11].copy_from_slice(&nanos.to_be_bytes());
+    stamp_event_time(&mut blob[head..], time)?;
     for &(at, start, end) in &top.containers {
         let from = out.texts.len();
         out.texts.extend_from_slice(&doc[start..end]);
@@ -156,6 +149,21 @@ pub fn scan(bodies: &[&[u8]], metas: &[Meta], keys: &[Vec<u8>], names: &[&[u8]])
 
 type PyMeta = (String, String, String, u32, u64, i64);
 
+/// The `Meta` of each message's `(app, env, topic, device, sequence, fallback ns)`.
+fn metas_of(infos: &[PyMeta]) -> Vec<Meta<'_>> {
+    infos
+        .iter()
+        .map(|(app, env, topic, device, sequence, fallback)| Meta {
+            app: app.as_bytes(),
+            env: env.as_bytes(),
+            topic: topic.as_bytes(),
+            device: *device,
+            sequence: *sequence,
+            fallback: *fallback,
+        })
+        .collect()
+}
+
 /// `scan_logjam(bodies, metas, prefix, time_fields)`: None if any body is outside the
 /// subset (see `logjam`); else `(entries, buckets, texts)` as `scan_documents` gives
 /// them, of the events the `logjam` source makes of the bodies (bytes, decompressed)
@@ -170,17 +178,7 @@ pub fn scan_logjam<'py>(
     time_fields: Vec<String>,
 ) -> PyResult<Option<Bound<'py, PyTuple>>> {
     let docs: Vec<&[u8]> = bodies.iter().map(|b| b.as_bytes()).collect();
-    let metas: Vec<Meta> = metas
-        .iter()
-        .map(|(app, env, topic, device, sequence, fallback)| Meta {
-            app: app.as_bytes(),
-            env: env.as_bytes(),
-            topic: topic.as_bytes(),
-            device: *device,
-            sequence: *sequence,
-            fallback: *fallback,
-        })
-        .collect();
+    let metas = metas_of(&metas);
     let keys = metadata_keys(&prefix);
     let names: Vec<&[u8]> = time_fields.iter().map(|n| n.as_bytes()).collect();
     let found = match crate::guarded(py, || scan(&docs, &metas, &keys, &names))? {
@@ -260,17 +258,7 @@ impl LogjamReader {
             return Err(PyValueError::new_err("read_many: as many infos as bodies"));
         }
         let docs: Vec<&[u8]> = bodies.iter().map(|b| b.as_bytes()).collect();
-        let metas: Vec<Meta> = infos
-            .iter()
-            .map(|(app, env, topic, device, sequence, fallback)| Meta {
-                app: app.as_bytes(),
-                env: env.as_bytes(),
-                topic: topic.as_bytes(),
-                device: *device,
-                sequence: *sequence,
-                fallback: *fallback,
-            })
-            .collect();
+        let metas = metas_of(&infos);
         let names: Vec<&[u8]> = self.names.iter().map(|n| &n[..]).collect();
         let keys = &self.keys;
         let found: Vec<R<Scanned>> = crate::guarded(py, || {
