@@ -22,11 +22,14 @@ from daemon import Daemon
 
 
 def run_cycles(tmp_path: Path, config: str, endings: tuple[str, ...], client: Client, rng: random.Random,
-               max_chunks: int = 400, delay: float = 0.15) -> int:
-    """Run the cycles; the number of daemons killed (or stopped while starting)."""
+               max_chunks: int = 400, delay: float = 0.15, outputs: list[str] | None = None) -> int:
+    """Run the cycles; the number of daemons killed (or stopped while starting). Each
+    daemon's log goes into ``outputs`` if given."""
     kills = 0
+    daemons: list[Daemon] = []
     for ending in endings:
         with Daemon(tmp_path, config) as daemon:
+            daemons.append(daemon)
             if ending.startswith("start_"):
                 daemon.start(wait_for="")
                 threading.Event().wait(rng.uniform(0.2, 2.0))
@@ -57,6 +60,8 @@ def run_cycles(tmp_path: Path, config: str, endings: tuple[str, ...], client: Cl
             thread.join(90)
             assert daemon.process.wait(30) in (-signal.SIGKILL, -signal.SIGTERM)
             kills += 1
+    if outputs is not None:
+        outputs.extend(daemon.output for daemon in daemons)
     return kills
 
 

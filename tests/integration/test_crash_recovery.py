@@ -60,9 +60,13 @@ CYCLE_ENDINGS = ("load", "start_kill", "load", "start_term", "stop_kill", "load"
 def test_kill_9_at_random_moments_loses_and_doubles_nothing(tmp_path):
     rng = random.Random(int(os.environ.get("LOGROUTER_CRASH_SEED", "20261122")))
     client = Client()
-    kills = run_cycles(tmp_path, CONFIG, CYCLE_ENDINGS, client, rng, MAX_CHUNKS_PER_CYCLE)
+    outputs: list[str] = []
+    kills = run_cycles(tmp_path, CONFIG, CYCLE_ENDINGS, client, rng, MAX_CHUNKS_PER_CYCLE, outputs=outputs)
     last = finish(tmp_path, CONFIG, client)
-    assert "resuming from spool position" in last.output or kills == 0
+    # Kills left work to replay: some start resumed a sink from the spool. Not necessarily
+    # the last one: a kill in the middle of a graceful stop may come after the stop
+    # committed everything.
+    assert any("resuming from spool position" in output for output in outputs + [last.output])
 
     assert kills == len(CYCLE_ENDINGS)
     print(f"{kills} kills, {len(client.acked)} chunks acked ({len(client.acked) * EVENTS_PER_CHUNK} events), "
