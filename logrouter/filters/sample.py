@@ -70,10 +70,6 @@ class SampleFilter:
         self._rate_path = paths.key_path(options["rate_field"]) if options["rate_field"] else None
         self._decisions: dict[Any, bool] = {}
         self.dropped = 0
-        # the batch being processed: a record whose rate_field cannot be set goes to the
-        # error path under its tag, and is not counted as sampled out
-        self._tag = ""
-        self._unmarkable = 0
 
     def _offset(self, events: list[Event]) -> int:
         return self._offset_of(events[0], events[-1][0], len(events))
@@ -110,10 +106,9 @@ class SampleFilter:
             out = self._packed(batch, packed)
             if out is not NotImplemented:
                 return out
-        self._tag = batch.tag
-        self._unmarkable = 0
-        kept = on_tables(self.name, batch, self.errors, self._run)
-        self.dropped += len(batch.events) - len(kept) - self._unmarkable
+        unmarkable: list[Any] = []  # records whose rate_field cannot be set: the error path's, not sampled out
+        kept = on_tables(self.name, batch, self.errors, lambda events: self._run(events, batch.tag, unmarkable))
+        self.dropped += len(batch.events) - len(kept) - len(unmarkable)
         return narrowed(batch, kept) if self._rate_path is None else replaced(batch, kept)
 
     def _packed(self, batch: Batch, packed: Any) -> Any:
@@ -155,15 +150,15 @@ class SampleFilter:
             packed = batch.events
         return batch if edit is None else columnar.edited(batch, packed, edit)
 
-    def _run(self, events: list[Event]) -> list[Event]:
+    def _run(self, events: list[Event], tag: str, unmarkable: list[Any]) -> list[Event]:
         condition = self._condition
         if condition is None:
-            return self._mark(self._sampled(events))
+            return self._mark(self._sampled(events), tag, unmarkable)
         test = condition.test
         mask = [test(event[1]) for event in events]
         subject = [event for event, sampled in zip(events, mask) if sampled]
         if len(subject) == len(events):
-            return self._mark(self._sampled(events))
+            return self._mark(self._sampled(events), tag, unmarkable)
         if not subject:
             return events
         kept = self._sampled(subject)
@@ -176,10 +171,10 @@ class SampleFilter:
             if not sampled:
                 out.append(event)
             elif id(event) in chosen:
-                out.append(self._mark([event])[0] if mark else event)
+                out.extend(self._mark([event], tag, unmarkable) if mark else (event,))
         return out
 
-    def _mark(self, events: list[Event]) -> list[Event]:
+    def _mark(self, events: list[Event], tag: str, unmarkable: list[Any]) -> list[Event]:
         path = self._rate_path
         if path is None:
             return events
@@ -193,6 +188,6 @@ class SampleFilter:
             try:
                 marked.append((t, paths.with_value(record, path, rate)))
             except TypeError as exc:
-                self._unmarkable += 1
-                self.errors(self.name, self._tag, record, f"cannot set rate_field: {exc}")
+                unmarkable.append(record)
+                self.errors(self.name, tag, record, f"cannot set rate_field: {exc}")
         return marked
