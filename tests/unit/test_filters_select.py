@@ -172,3 +172,10 @@ def test_sample_records_that_are_not_tables_go_to_the_error_path():
     f, errors = make(SampleFilter, rate=1, key=["a"])
     out = f.process(Batch("t", [(1, {"a": 1}), (2, "text")]))
     assert records(out) == [{"a": 1}] and errors.calls[0][2] == "text"
+
+
+def test_sample_a_blocked_rate_field_in_a_condition_s_subset_costs_only_that_event():
+    f, errors = make(SampleFilter, rate=1, rate_field="$.m.k", condition="i < 2")
+    out = f.process(Batch("t", [(1, {"i": 0, "m": True}), (2, {"i": 1}), (3, {"i": 5, "m": True})]))
+    assert records(out) == [{"i": 1, "m": {"k": 1}}, {"i": 5, "m": True}]  # i=5 is not sampled: untouched
+    assert [call[2] for call in errors.calls] == [{"i": 0, "m": True}] and f.dropped == 0
