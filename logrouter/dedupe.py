@@ -22,12 +22,18 @@ The window is bounded (oldest ids fall out first) and survives a restart: ids tr
 the spool records themselves, and a snapshot of the window is saved so the spool can be
 trimmed without forgetting them. On start the router loads the snapshot, then adds the
 ids of every spool record after the snapshot's position.
+
+Batch ids are remembered as 16-byte keyed BLAKE2b digests of ``(source, id)``
+(``batch_digest``) in one set, oldest first in a deque: about 110 bytes an id where a
+dict of ``(source, id)`` tuples took 260, which at the default 100,000 ids is most of
+a worker's memory growth under steady forward load.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections import OrderedDict, deque
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NamedTuple
 
 import msgpack
 from twisted.internet import defer
@@ -43,6 +49,59 @@ EVENTS_PER_SENDER = 8192  # more than Filebeat's default queue (4096 events) can
 SENDERS = 128
 
 
+def batch_digest(source: str, batch_id: bytes, _source_keys: dict[str, bytes] = {}) -> bytes:
+    """What the window remembers of a batch id: a digest keyed by its source, so ids of
+    different sources never meet (a 128-bit digest: a chance collision is not a concern)."""
+    source_key = _source_keys.get(source)
+    if source_key is None:
+        source_key = _source_keys[source] = hashlib.blake2b(source.encode(), digest_size=32).digest()
+    return hashlib.blake2b(batch_id, digest_size=DIGEST_BYTES, key=source_key).digest()
+
+
+def join_digests(digests: Iterable[bytes]) -> bytes:
+    return b"".join(digests)
+
+
+def split_digests(blob: bytes) -> Iterable[bytes]:
+    """The 16-byte digests ``join_digests`` made of a list (a trailing partial one dropped)."""
+    for start in range(0, len(blob) - DIGEST_BYTES + 1, DIGEST_BYTES):
+        yield bytes(blob[start : start + DIGEST_BYTES])
+
+
+class Digests:
+    """The last ``capacity`` digests added, oldest first (a set to look them up)."""
+
+    __slots__ = ("stored", "order")
+
+    def __init__(self) -> None:
+        self.stored: set[bytes] = set()
+        self.order: deque[bytes] = deque()
+
+    def __bool__(self) -> bool:
+        return bool(self.order)
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def add(self, digest: bytes, capacity: int) -> None:
+        if digest in self.stored:
+            return
+        self.stored.add(digest)
+        self.order.append(digest)
+        while len(self.order) > capacity:
+            self.stored.discard(self.order.popleft())
+
+
+class SavedWindow(NamedTuple):
+    """A snapshot read back (``load_snapshot``): the spool position it covers, the batch
+    ids' digests (``join_digests``, oldest first), and the other keys (writers' last
+    event numbers as writer keys, each events window as one events key)."""
+
+    position: int
+    batch_digests: bytes
+    keys: list
+
+
 def is_writer_key(key: Key) -> bool:
     return len(key) == 3
 
@@ -56,7 +115,7 @@ class DedupeWindow:
         """``event_limits(source)``: ``(per_sender, senders)`` of a source's event windows."""
         self.capacity = capacity
         self.events = EventWindows(event_limits or (lambda source: (EVENTS_PER_SENDER, SENDERS)))
-        self.done: OrderedDict[BatchKey, int] = OrderedDict()  # id -> spool position
+        self.batch_ids = Digests()  # batch_digest of each id stored
         self.pending: dict[BatchKey, list[defer.Deferred]] = {}
         # Writers: the highest event number stored, and numbers being stored with their waiters.
         self.writers: OrderedDict[WriterId, int] = OrderedDict()
@@ -70,8 +129,7 @@ class DedupeWindow:
         """A Deferred for the ack of a retransmitted id, or ``None`` for a new one."""
         if is_writer_key(key):
             return self._lookup_writer(key)
-        if key in self.done:
-            self.done.move_to_end(key)
+        if batch_digest(*key) in self.batch_ids.stored:
             return defer.succeed(None)
         waiting = self.pending.get(key)
         if waiting is not None:
@@ -132,18 +190,18 @@ class DedupeWindow:
             while len(self.writers) > self.capacity:
                 self.writers.popitem(last=False)
             return
-        self.done[key] = position
-        self.done.move_to_end(key)
-        while len(self.done) > self.capacity:
-            self.done.popitem(last=False)
+        self.batch_ids.add(batch_digest(*key), self.capacity)
 
-    def add_all(self, entries: Iterable[tuple[Key, int]]) -> None:
-        for key, position in entries:
-            self.add(key, position)
+    def restore(self, saved: SavedWindow) -> None:
+        """What a snapshot held (before the ids of the spool records after it are added)."""
+        for digest in split_digests(saved.batch_digests):
+            self.batch_ids.add(digest, self.capacity)
+        for key in saved.keys:
+            self.add(key, saved.position)
 
-    def snapshot(self) -> tuple[list, list, list]:
+    def snapshot(self) -> tuple[bytes, list, list]:
         """What ``save_snapshot`` writes after the position: copies, taken on the reactor."""
-        return list(self.done.items()), list(self.writers.items()), self.events.rows()
+        return join_digests(self.batch_ids.order), list(self.writers.items()), self.events.rows()
 
 
 def event_limits(config: Any, source: str) -> tuple[int, int]:
@@ -174,23 +232,14 @@ class KeyClaim:
         self.window.abandon(self.key, failure)
 
 
-class _SenderWindow:
+class _SenderWindow(Digests):
     """The digests of the last events stored for one sender, oldest first, and those being stored."""
 
-    __slots__ = ("stored", "order", "pending")
+    __slots__ = ("pending",)
 
     def __init__(self) -> None:
-        self.stored: set[bytes] = set()
-        self.order: deque[bytes] = deque()
+        super().__init__()
         self.pending: dict[bytes, EventClaim] = {}
-
-    def add(self, digest: bytes, capacity: int) -> None:
-        if digest in self.stored:
-            return
-        self.stored.add(digest)
-        self.order.append(digest)
-        while len(self.order) > capacity:
-            self.stored.discard(self.order.popleft())
 
 
 class EventClaim:
@@ -321,8 +370,8 @@ class EventWindows:
             except (TypeError, ValueError):
                 continue
             window = self._window(source, sender, senders)
-            for start in range(0, len(blob) - DIGEST_BYTES + 1, DIGEST_BYTES):
-                window.add(bytes(blob[start : start + DIGEST_BYTES]), per_sender)
+            for digest in split_digests(blob):
+                window.add(digest, per_sender)
 
     def rows(self) -> list[tuple[str, str, list[bytes]]]:
         """Every window's digests, oldest first (for the snapshot; joined there, off the reactor)."""
@@ -335,42 +384,46 @@ class EventWindows:
 
 def save_snapshot(
     path: str,
-    entries: list[tuple[BatchKey, int]],
+    batch_digests: bytes,
     position: int,
     writers: list[tuple[WriterId, int]] = (),
     events: list[tuple[str, str, list[bytes]]] = (),
 ) -> None:
-    """Write ``entries``, the ``writers``' last event numbers, the ``events`` windows
-    (``EventWindows.rows``) and the spool position they cover up to, atomically."""
+    """Write the batch ids' digests (``join_digests``), the ``writers``' last event
+    numbers, the ``events`` windows (``EventWindows.rows``) and the spool position they
+    cover up to, atomically (version 4)."""
     data = msgpack.packb(
         [
-            3,
+            4,
             position,
-            [[source, chunk, pos] for (source, chunk), pos in entries],
+            bytes(batch_digests),
             [[source, writer, number] for (source, writer), number in writers],
-            [[source, sender, b"".join(digests)] for source, sender, digests in events],
+            [[source, sender, join_digests(digests)] for source, sender, digests in events],
         ]
     )
     replace_file(path, data)
 
 
-def load_snapshot(path: str) -> tuple[list[tuple[Key, int]], int]:
-    """The saved keys (batch ids with their positions, writers' last event numbers as
-    writer keys, each events window as one event key) and the spool position they cover;
-    nothing if there is no snapshot. Version 1 (batch ids only) and 2 (no events) still load."""
+def load_snapshot(path: str) -> SavedWindow:
+    """The saved window; an empty one if there is no snapshot or it is damaged. Versions
+    1 (batch ids only), 2 (no events) and 3 (batch ids as ``[source, id, position]``)
+    still load: their ids are digested as they are read."""
     try:
         with open(path, "rb") as f:
             snapshot = msgpack.unpackb(f.read(), raw=False)
-        version, position, rows = snapshot[:3]
-        if version not in (1, 2, 3):
-            return [], 0
+        version, position, batch_rows = snapshot[:3]
+        if version not in (1, 2, 3, 4):
+            return SavedWindow(0, b"", [])
         writer_rows = snapshot[3] if version >= 2 else []
         event_rows = snapshot[4] if version >= 3 else []
-        entries: list[tuple[Key, int]] = [((source, bytes(chunk)), pos) for source, chunk, pos in rows]
-        entries += [((source, bytes(writer), number), position) for source, writer, number in writer_rows]
-        entries += [((source, [[sender, bytes(blob)]]), position) for source, sender, blob in event_rows]
-        return entries, position
+        if version == 4:
+            batch_digests = bytes(batch_rows)
+        else:
+            batch_digests = join_digests(batch_digest(source, bytes(chunk)) for source, chunk, _ in batch_rows)
+        keys: list[Key] = [(source, bytes(writer), number) for source, writer, number in writer_rows]
+        keys += [(source, [[sender, bytes(blob)]]) for source, sender, blob in event_rows]
+        return SavedWindow(position, batch_digests, keys)
     except FileNotFoundError:
-        return [], 0
+        return SavedWindow(0, b"", [])
     except (ValueError, TypeError, msgpack.UnpackException):
-        return [], 0  # a damaged snapshot only weakens deduplication; the spool scan still runs
+        return SavedWindow(0, b"", [])  # a damaged snapshot only weakens deduplication; the spool scan still runs

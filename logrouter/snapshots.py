@@ -69,10 +69,10 @@ class Snapshots:
     def load_ids(self, stopping: Callable[[], bool] = lambda: False) -> None:
         """The id window as it was: the snapshot, then the ids of the records after it
         (blocking; ``stopping()`` cuts it short)."""
-        entries, position = dedupe.load_snapshot(self.path)
-        self.window.add_all(entries)
-        self.position = position
-        position = begin = max(position, self.spool.start)
+        saved = dedupe.load_snapshot(self.path)
+        self.window.restore(saved)
+        self.position = saved.position
+        position = begin = max(saved.position, self.spool.start)
         end = self.spool.end
         self.replay_progress = (0, end - begin)
         while position < end and not stopping():
@@ -80,10 +80,10 @@ class Snapshots:
             for record in records:
                 try:
                     key = decode_key(record.payload)
+                    if key is not None:
+                        self.window.add(key, record.offset)
                 except Exception:
-                    continue
-                if key is not None:
-                    self.window.add(key, record.offset)
+                    continue  # a damaged key only weakens deduplication
             if next_position <= position:
                 break  # cannot happen with a sane spool; never loop on it
             position = next_position
@@ -113,7 +113,7 @@ class Snapshots:
                 return  # trimmed once the snapshot is on disk
             self.spool.delete_before(min(cursor, self.position))
         elif self.clock.seconds() - self.saved_at > DEDUPE_SNAPSHOT_SECS and (
-            self.window.done or self.window.writers or self.window.events or self.memory.changed(filters)
+            self.window.batch_ids or self.window.writers or self.window.events or self.memory.changed(filters)
         ):
             self.save(filters, routed_end)
 
@@ -128,12 +128,12 @@ class Snapshots:
         covered = self.memory.covered(filters)
         if covered is not None:
             position = min(position, covered)
-        entries, writers, events = self.window.snapshot()
+        batch_digests, writers, events = self.window.snapshot()
         memory = self.memory.capture(filters)
         self.saved_at = self.clock.seconds()
 
         def save() -> None:
-            dedupe.save_snapshot(self.path, entries, position, writers, events)
+            dedupe.save_snapshot(self.path, batch_digests, position, writers, events)
             self.memory.save(memory)
 
         def saved(_: Any) -> None:
@@ -162,8 +162,8 @@ class Snapshots:
         yield self.idle()
         if self.loaded:
             try:
-                entries, writers, events = self.window.snapshot()
-                yield self.run_blocking(dedupe.save_snapshot, self.path, entries, routed_end, writers, events)
+                batch_digests, writers, events = self.window.snapshot()
+                yield self.run_blocking(dedupe.save_snapshot, self.path, batch_digests, routed_end, writers, events)
             except OSError as e:
                 # A full disk must not fail the stop: the next start reads the window back
                 # from the older snapshot and the spool after it (trimmed only past a snapshot).

@@ -82,9 +82,9 @@ def test_fsync_directory_syncs_the_directory(tmp_path, synced):
 
 def test_the_dedupe_snapshot_is_replaced_durably(tmp_path, synced):
     path = str(tmp_path / "dedupe.msgpack")
-    dedupe.save_snapshot(path, [(("in", b"c"), 5)], 10, [(("p", b"w"), 3)])
+    dedupe.save_snapshot(path, dedupe.batch_digest("in", b"c"), 10, [(("p", b"w"), 3)])
     assert replaced_durably(synced, path)
-    assert dedupe.load_snapshot(path) == ([(("in", b"c"), 5), (("p", b"w", 3), 10)], 10)
+    assert dedupe.load_snapshot(path) == (10, dedupe.batch_digest("in", b"c"), [("p", b"w", 3)])
 
 
 def test_the_filters_memory_is_replaced_durably(tmp_path, synced):

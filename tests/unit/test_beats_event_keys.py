@@ -203,15 +203,18 @@ def test_the_snapshot_keeps_event_windows_and_older_snapshots_still_load(tmp_pat
     w.claim("beats", [k(1), k(2)]).finish(0)
     w.claim("beats", [k(9, "b")]).finish(0)
     path = str(tmp_path / "dedupe.msgpack")
-    dedupe.save_snapshot(path, [(("fwd", b"c"), 5)], 123, [(("pv", b"w"), 7)], w.rows())
-    entries, position = dedupe.load_snapshot(path)
-    assert position == 123
+    dedupe.save_snapshot(path, dedupe.batch_digest("fwd", b"c"), 123, [(("pv", b"w"), 7)], w.rows())
+    saved = dedupe.load_snapshot(path)
+    assert saved.position == 123
     restored = dedupe.DedupeWindow(10, lambda source: (100, 10))
-    restored.add_all(entries)
+    restored.restore(saved)
     assert restored.lookup(("fwd", b"c")) is not None and restored.last_event_number("pv", b"w") == 7
     assert restored.events.claim("beats", [k(1), k(2), k(9, "b"), k(3)]).keep == [3]
     (tmp_path / "v2").write_bytes(msgpack.packb([2, 5, [["fwd", b"c", 1]], [["pv", b"w", 3]]]))
-    assert dedupe.load_snapshot(str(tmp_path / "v2")) == ([(("fwd", b"c"), 1), (("pv", b"w", 3), 5)], 5)
+    assert dedupe.load_snapshot(str(tmp_path / "v2")) == (5, dedupe.batch_digest("fwd", b"c"), [("pv", b"w", 3)])
+    (tmp_path / "v3").write_bytes(msgpack.packb([3, 5, [["fwd", b"c", 1], ["fwd", b"d", 2]], [], []]))
+    v3 = dedupe.load_snapshot(str(tmp_path / "v3"))
+    assert v3.batch_digests == dedupe.batch_digest("fwd", b"c") + dedupe.batch_digest("fwd", b"d")
 
 
 # -- the router: left out, acked, remembered across restarts ---------------------------------

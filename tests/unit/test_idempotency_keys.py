@@ -27,9 +27,8 @@ def reopen(router, path):
     from twisted.internet import reactor
 
     spin(reactor, router.spool.close())
-    dedupe.save_snapshot(
-        router.snapshots.path, list(router.dedupe.done.items()), router.routed_end, list(router.dedupe.writers.items())
-    )
+    batch_digests, writers, events = router.dedupe.snapshot()
+    dedupe.save_snapshot(router.snapshots.path, batch_digests, router.routed_end, writers, events)
     again = make_router(path)
     again.snapshots.load_ids()
     return again
@@ -77,6 +76,35 @@ def test_writer_numbers_are_read_back_from_the_spool_without_a_snapshot(tmp_path
     spin(reactor, again.spool.close())
 
 
+def test_the_batch_id_window_keeps_the_last_ids_stored_per_source():
+    window = dedupe.DedupeWindow(3)
+    for n in range(5):
+        window.finish(("fwd", b"c%d" % n), n)
+    window.finish(("fwd", b"c4"), 9)  # stored again (a replay): still one id
+    assert [window.lookup(("fwd", b"c%d" % n)) is not None for n in range(5)] == [False, False, True, True, True]
+    assert window.lookup(("other", b"c4")) is None  # the same id from another source is another batch
+    restored = dedupe.DedupeWindow(3)
+    restored.restore(dedupe.SavedWindow(0, window.snapshot()[0], []))
+    assert [restored.lookup(("fwd", b"c%d" % n)) is not None for n in range(5)] == [False, False, True, True, True]
+
+
+def test_a_spool_record_with_a_damaged_batch_id_does_not_cut_the_replay_short(tmp_path):
+    from twisted.internet import reactor
+
+    router = make_router(tmp_path)
+    spin(reactor, router.ingest(batch(1), b"chunk-a"))
+    damaged = msgpack.packb((1, "pravega", "t", [[1, {"a": 1}]], ["pravega", 5]), use_bin_type=True)
+    router.spool.append(damaged)
+    spin(reactor, router.ingest(batch(2), b"chunk-b"))
+    spin(reactor, router.spool.close())
+    again = make_router(tmp_path)
+    again.snapshots.load_ids()
+    assert again.snapshots.loaded
+    assert again.dedupe.lookup(("pravega", b"chunk-a")) is not None
+    assert again.dedupe.lookup(("pravega", b"chunk-b")) is not None
+    spin(reactor, again.spool.close())
+
+
 def test_a_resend_while_the_first_copy_is_stored_waits_for_it():
     window = dedupe.DedupeWindow(10)
     key = ("s", b"w", 5)
@@ -108,14 +136,14 @@ def test_version_1_spool_records_and_snapshots_still_read(tmp_path):
     assert decode_key(encode_batch(batch(1), ("pravega", b"w", 9))) == ("pravega", b"w", 9)
     path = tmp_path / "dedupe.msgpack"
     path.write_bytes(msgpack.packb([1, 123, [["fwd", b"c", 5]]]))
-    assert dedupe.load_snapshot(str(path)) == ([(("fwd", b"c"), 5)], 123)
+    assert dedupe.load_snapshot(str(path)) == (123, dedupe.batch_digest("fwd", b"c"), [])
 
 
 @pytest.mark.parametrize("damage", [b"", b"\xc1", msgpack.packb([2, 1]), msgpack.packb([9, 0, []])])
 def test_a_damaged_snapshot_only_weakens_deduplication(tmp_path, damage):
     path = tmp_path / "dedupe.msgpack"
     path.write_bytes(damage)
-    assert dedupe.load_snapshot(str(path)) == ([], 0)
+    assert dedupe.load_snapshot(str(path)) == (0, b"", [])
 
 
 def test_a_stop_whose_final_dedupe_snapshot_cannot_be_written_still_completes(tmp_path, monkeypatch, threaded_reactor):
