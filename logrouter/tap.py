@@ -5,11 +5,11 @@ from __future__ import annotations
 import os
 import sys
 
-from logrouter.arrow_memory import prefer_jemalloc
+from logrouter.arrow_memory import prepare_arrow
 from logrouter.twisted_without_openssl import import_twisted
 
 import_twisted()  # before anything imports the reactor or endpoints: no pyOpenSSL without TLS
-prefer_jemalloc()  # before anything imports pyarrow: Arrow reads it on its first allocation
+prepare_arrow()  # before anything imports pyarrow: Arrow reads its pool's name on its first allocation
 
 from twisted.python import usage  # noqa: E402
 

@@ -28,11 +28,11 @@ import socket
 import sys
 from typing import Any
 
-from logrouter.arrow_memory import prefer_jemalloc
+from logrouter.arrow_memory import prepare_arrow
 from logrouter.twisted_without_openssl import import_twisted
 
 import_twisted()  # before anything imports the reactor or endpoints: no pyOpenSSL without TLS
-prefer_jemalloc()  # before anything imports pyarrow: Arrow reads it on its first allocation
+prepare_arrow()  # before anything imports pyarrow: Arrow reads its pool's name on its first allocation
 
 from twisted.internet import defer  # noqa: E402
 from twisted.logger import FileLogObserver, Logger, formatEvent, globalLogBeginner

@@ -100,6 +100,30 @@ def test_a_worker_without_tls_loads_no_openssl() -> None:
     assert loaded["OpenSSL"] is False and loaded["cryptography"] is False and loaded["service_identity"] is False
 
 
+def test_a_worker_writing_parquet_loads_no_cloud_filesystem() -> None:
+    """``pyarrow.parquet`` imports ``pyarrow.fs``, which would load the S3 library and the
+    AWS SDK (~3 MiB a worker): the entry point keeps them out (``arrow_memory``), the lake
+    writer and pyarrow's local and HDFS filesystems work as before."""
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import sys, tempfile
+        from logrouter.workers.worker import main
+        import pyarrow as pa, pyarrow.fs, pyarrow.parquet as pq
+        with tempfile.TemporaryDirectory() as tmp:
+            pq.write_table(pa.table({"a": [1]}), tmp + "/t.parquet")
+            assert pq.read_table(tmp + "/t.parquet").num_rows == 1
+        assert hasattr(pyarrow.fs, "LocalFileSystem") and hasattr(pyarrow.fs, "HadoopFileSystem")
+        try:
+            pyarrow.fs.S3FileSystem
+        except ImportError as e:
+            assert "not built with support for 'S3FileSystem'" in str(e), e
+        else:
+            raise AssertionError("S3FileSystem loaded")
+        print([line.split()[-1] for line in open("/proc/self/maps") if "libarrow_s3" in line])
+    """)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
 def test_an_ssl_listener_is_checked_with_openssl(tmp_path) -> None:
     """The check of a TLS config loads pyOpenSSL (after the entry point hid it from Twisted)
     and reads the key files as before."""
