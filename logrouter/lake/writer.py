@@ -46,6 +46,11 @@ Event = tuple[int, dict[str, Any]]
 
 STAGING_DIR = "_staging"
 DEFAULT_ROW_GROUP_ROWS = 10_000
+# Parquet's writer keeps every row group's footer entry (its column chunks' metadata and
+# statistics, ~4 KB with a handful of columns) until the file is closed, and copies them
+# all once more into the footer then: a 128 MiB file of narrow rows in 10,000-row groups
+# held ~10 MiB, ~20 MiB as it was sealed (heaptrack of a worker under the forward load).
+DEFAULT_ROLL_ROW_GROUPS = 256
 _WRITER_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 # Size estimates before a file has written a row group (then its own ratio is used).
@@ -151,6 +156,7 @@ class _OpenFile:
     __slots__ = (
         "tag", "bucket", "name", "staging_path", "final_path", "opened_at", "first_mark", "last_mark",
         "pending", "stream", "writer", "builder", "finish", "written", "footers", "rows_written", "bytes_written",
+        "row_groups",
     )
 
     def __init__(self, tag: str, bucket: int, name: str, staging_path: str, final_path: str,
@@ -172,6 +178,7 @@ class _OpenFile:
         self.footers: list[Any] = []  # pyarrow appends the footer here when the file is closed
         self.rows_written = 0
         self.bytes_written = 0
+        self.row_groups = 0
 
 
 class LakeWriter:
@@ -186,7 +193,8 @@ class LakeWriter:
     buffered rows reach this. ``roll_secs``: ``seal_due(now)`` seals files opened at
     least this long ago. ``row_group_rows``: rows buffered per file before they are
     encoded as one row group; it bounds memory per open file, and the first row
-    group fixes the file's columns (schema.py).
+    group fixes the file's columns (schema.py). ``roll_row_groups``: a file is sealed
+    once it has this many row groups (their footer entries are held until then).
 
     Not thread-safe. If a call raises (disk full, …), call ``abort()`` and replay.
     """
@@ -203,16 +211,18 @@ class LakeWriter:
         column_types: ColumnTypes | None = None,
         compression: str = "zstd",
         layout: Any = None,
+        roll_row_groups: int = DEFAULT_ROLL_ROW_GROUPS,
     ) -> None:
         if not _WRITER_ID.fullmatch(writer_id):
             raise ValueError(f"writer_id must match {_WRITER_ID.pattern}: {writer_id!r}")
-        if roll_bytes <= 0 or roll_secs <= 0 or row_group_rows <= 0:
-            raise ValueError("roll_bytes, roll_secs and row_group_rows must be positive")
+        if roll_bytes <= 0 or roll_secs <= 0 or row_group_rows <= 0 or roll_row_groups <= 0:
+            raise ValueError("roll_bytes, roll_secs, row_group_rows and roll_row_groups must be positive")
         self.root = root.rstrip("/") or "/"
         self.writer_id = writer_id
         self.roll_bytes = roll_bytes
         self.roll_secs = roll_secs
         self.row_group_rows = row_group_rows
+        self.roll_row_groups = roll_row_groups
         self.fs: LakeFileSystem = fs if fs is not None else LocalFileSystem()
         self.column_types = column_types if column_types is not None else ColumnTypes()
         self.compression = compression
@@ -315,7 +325,7 @@ class LakeWriter:
                 position += room
             if len(file.pending) >= self.row_group_rows:
                 self._write_row_group(file)
-            if self._estimated_size(file) >= self.roll_bytes:
+            if self._estimated_size(file) >= self.roll_bytes or file.row_groups >= self.roll_row_groups:
                 self._seal(key)
 
     def flush(self) -> None:
@@ -345,6 +355,7 @@ class LakeWriter:
             self._open(file, table)
         file.writer.write_table(table)  # type: ignore[union-attr]
         file.rows_written += len(file.pending)
+        file.row_groups += 1
         file.pending = PendingRows()
         file.bytes_written = file.stream.tell()
         self._disk_bytes_per_row = file.bytes_written / file.rows_written

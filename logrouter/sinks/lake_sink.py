@@ -62,6 +62,8 @@ def file_options(writer_doc: str, roll_secs: float) -> dict[str, Option]:
         "roll_bytes": Option(int, 128 << 20, "seal a file once it holds about this many bytes", positive),
         "roll_secs": Option((int, float), roll_secs, "seal a file this long after it was opened", positive),
         "row_group_rows": Option(int, 10_000, "rows per Parquet row group; bounds the memory of each open file", positive),
+        "roll_row_groups": Option(int, 256, "seal a file once it holds this many row groups (each one's footer entry stays in memory "
+                                  "until the file is sealed, ~4 KB with a few columns)", positive),
         "compression": Option(str, "zstd", "Parquet codec: `zstd`, `snappy`, `gzip`, `brotli`, `lz4` or `none`", check_codec),
         "columns": Option(dict, {}, "declared column types, e.g. `{ status = \"int\", latency = \"float\" }`: every file has them, typed, even "
             "across routers and restarts", check_columns),
@@ -92,6 +94,7 @@ class LakeSink(WorkerSink):
             self.options["roll_secs"],
             self.options["row_group_rows"],
             fs=fs,
+            roll_row_groups=self.options["roll_row_groups"],
             column_types=column_types if column_types is not None else ColumnTypes(self.options["columns"]),
             compression=self.options["compression"],
             layout=layout,

@@ -162,6 +162,23 @@ def test_one_big_write_rolls_in_the_middle(tmp_path):
     assert all(s.rows % 100 == 0 for s in sealed[:-1])
 
 
+def test_a_file_rolls_once_it_holds_roll_row_groups(tmp_path):
+    """Parquet keeps every row group's footer entry in memory until the file closes: a
+    file of many small row groups is sealed at ``roll_row_groups`` however small it is."""
+    root = str(tmp_path)
+    writer = LakeWriter(root, "w1", 1 << 30, 3600, row_group_rows=10, roll_row_groups=3)
+    for start in range(0, 75, 5):
+        writer.write("a", events(5, start=start), now=0)
+    rolled = writer.seal_due(now=0)
+    assert [s.rows for s in rolled] == [30, 30]
+    assert [pq.ParquetFile(s.staging_path).metadata.num_row_groups for s in rolled] == [3, 3]
+    rest = writer.seal_all()
+    writer.publish(rolled + rest)
+    assert sorted(lake_dataset(root).to_table().column("seq").to_pylist()) == list(range(75))
+    with pytest.raises(ValueError, match="roll_row_groups"):
+        LakeWriter(root, "w2", 1 << 30, 3600, roll_row_groups=0)
+
+
 def test_roll_by_age(tmp_path):
     writer = LakeWriter(str(tmp_path), "w1", 1 << 30, roll_secs=60)
     assert writer.next_due() is None
