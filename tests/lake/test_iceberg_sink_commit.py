@@ -43,6 +43,7 @@ def make_sink(tmp_path, writer="w1", spool="spool", dead=None, **options) -> Ice
         "roll_bytes": 1 << 30,
         "roll_secs": 10.0,
         "row_group_rows": 100,
+        "roll_row_groups": 256,
         "compression": "zstd",
         "columns": {},
         "flatten": False,

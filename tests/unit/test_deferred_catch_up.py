@@ -185,7 +185,7 @@ def test_a_catch_up_read_hands_on_an_undecodable_records_error_detached(tmp_path
 def parquet_sink(tmp_path) -> ParquetSink:
     config = {
         "path": str(tmp_path / "lake"), "writer_id": "w1", "roll_bytes": 1 << 30, "roll_secs": 10.0,
-        "row_group_rows": 100, "compression": "zstd", "columns": {}, "max_queue_bytes": 1 << 20,
+        "row_group_rows": 100, "roll_row_groups": 256, "compression": "zstd", "columns": {}, "max_queue_bytes": 1 << 20,
         "retry_initial_secs": 1.0, "retry_max_secs": 8.0,
     }
     sink = ParquetSink("lake", config, errors=lambda *a: None, reactor=task.Clock())

@@ -29,6 +29,7 @@ def make_sink(tmp_path, **options) -> ParquetSink:
         "roll_bytes": 1 << 30,
         "roll_secs": 10.0,
         "row_group_rows": 100,
+        "roll_row_groups": 256,
         "compression": "zstd",
         "columns": {},
         "max_queue_bytes": 1 << 20,
