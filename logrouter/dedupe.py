@@ -24,9 +24,9 @@ trimmed without forgetting them. On start the router loads the snapshot, then ad
 ids of every spool record after the snapshot's position.
 
 Batch ids are remembered as 16-byte keyed BLAKE2b digests of ``(source, id)``
-(``batch_digest``) in one set, oldest first in a deque: about 110 bytes an id where a
-dict of ``(source, id)`` tuples took 260, which at the default 100,000 ids is most of
-a worker's memory growth under steady forward load.
+(``batch_digest``) in a ``DigestRing`` (flat memory, ~26 bytes an id): a dict of
+``(source, id)`` tuples took ~260 bytes an id, ~26 MB a worker at the default 100,000,
+most of a worker's memory growth under a steady forward load.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ import msgpack
 from twisted.internet import defer
 
 from logrouter.atomic_file import replace_file
+from logrouter.digest_ring import DigestRing
 
 Key = tuple  # (source, batch id) or (source, writer, event number)
 BatchKey = tuple[str, bytes]
@@ -68,30 +69,6 @@ def split_digests(blob: bytes) -> Iterable[bytes]:
         yield bytes(blob[start : start + DIGEST_BYTES])
 
 
-class Digests:
-    """The last ``capacity`` digests added, oldest first (a set to look them up)."""
-
-    __slots__ = ("stored", "order")
-
-    def __init__(self) -> None:
-        self.stored: set[bytes] = set()
-        self.order: deque[bytes] = deque()
-
-    def __bool__(self) -> bool:
-        return bool(self.order)
-
-    def __len__(self) -> int:
-        return len(self.order)
-
-    def add(self, digest: bytes, capacity: int) -> None:
-        if digest in self.stored:
-            return
-        self.stored.add(digest)
-        self.order.append(digest)
-        while len(self.order) > capacity:
-            self.stored.discard(self.order.popleft())
-
-
 class SavedWindow(NamedTuple):
     """A snapshot read back (``load_snapshot``): the spool position it covers, the batch
     ids' digests (``join_digests``, oldest first), and the other keys (writers' last
@@ -115,7 +92,7 @@ class DedupeWindow:
         """``event_limits(source)``: ``(per_sender, senders)`` of a source's event windows."""
         self.capacity = capacity
         self.events = EventWindows(event_limits or (lambda source: (EVENTS_PER_SENDER, SENDERS)))
-        self.batch_ids = Digests()  # batch_digest of each id stored
+        self.batch_ids = DigestRing(capacity, DIGEST_BYTES)  # batch_digest of each id stored
         self.pending: dict[BatchKey, list[defer.Deferred]] = {}
         # Writers: the highest event number stored, and numbers being stored with their waiters.
         self.writers: OrderedDict[WriterId, int] = OrderedDict()
@@ -129,7 +106,7 @@ class DedupeWindow:
         """A Deferred for the ack of a retransmitted id, or ``None`` for a new one."""
         if is_writer_key(key):
             return self._lookup_writer(key)
-        if batch_digest(*key) in self.batch_ids.stored:
+        if batch_digest(*key) in self.batch_ids:
             return defer.succeed(None)
         waiting = self.pending.get(key)
         if waiting is not None:
@@ -190,18 +167,18 @@ class DedupeWindow:
             while len(self.writers) > self.capacity:
                 self.writers.popitem(last=False)
             return
-        self.batch_ids.add(batch_digest(*key), self.capacity)
+        self.batch_ids.add(batch_digest(*key))
 
     def restore(self, saved: SavedWindow) -> None:
         """What a snapshot held (before the ids of the spool records after it are added)."""
         for digest in split_digests(saved.batch_digests):
-            self.batch_ids.add(digest, self.capacity)
+            self.batch_ids.add(digest)
         for key in saved.keys:
             self.add(key, saved.position)
 
     def snapshot(self) -> tuple[bytes, list, list]:
         """What ``save_snapshot`` writes after the position: copies, taken on the reactor."""
-        return join_digests(self.batch_ids.order), list(self.writers.items()), self.events.rows()
+        return self.batch_ids.joined(), list(self.writers.items()), self.events.rows()
 
 
 def event_limits(config: Any, source: str) -> tuple[int, int]:
@@ -232,14 +209,23 @@ class KeyClaim:
         self.window.abandon(self.key, failure)
 
 
-class _SenderWindow(Digests):
+class _SenderWindow:
     """The digests of the last events stored for one sender, oldest first, and those being stored."""
 
-    __slots__ = ("pending",)
+    __slots__ = ("stored", "order", "pending")
 
     def __init__(self) -> None:
-        super().__init__()
+        self.stored: set[bytes] = set()
+        self.order: deque[bytes] = deque()
         self.pending: dict[bytes, EventClaim] = {}
+
+    def add(self, digest: bytes, capacity: int) -> None:
+        if digest in self.stored:
+            return
+        self.stored.add(digest)
+        self.order.append(digest)
+        while len(self.order) > capacity:
+            self.stored.discard(self.order.popleft())
 
 
 class EventClaim:

@@ -46,7 +46,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
         "logrouter",  # the package itself: its version
         "logrouter.batch", "logrouter.paths", "logrouter.regex", "logrouter.serial", "logrouter.registry",
         "logrouter.units", "logrouter.progress", "logrouter.open_files", "logrouter.native", "logrouter.lazy_import",
-        "logrouter.twisted_without_openssl", "logrouter.arrow_memory",
+        "logrouter.twisted_without_openssl", "logrouter.arrow_memory", "logrouter.digest_ring",
         "logrouter.atomic_file", "logrouter.parent_death", "logrouter.faults",  # test-only fault points: imports nothing of ours
     )),
 ]
