@@ -17,14 +17,16 @@ from __future__ import annotations
 import os
 
 
-def replace_file(path: str, data: bytes) -> None:
-    """Make ``data`` the content of ``path`` atomically and durably (its directory is
-    created if missing)."""
+def replace_file(path: str, data: bytes | memoryview, *more: bytes | memoryview) -> None:
+    """Make ``data`` (followed by ``more``, each written as it is) the content of
+    ``path`` atomically and durably (its directory is created if missing)."""
     directory = os.path.dirname(path) or "."
     os.makedirs(directory, exist_ok=True)
     temporary = path + ".tmp"
     with open(temporary, "wb") as f:
         f.write(data)
+        for part in more:
+            f.write(part)
         f.flush()
         os.fsync(f.fileno())
     os.replace(temporary, path)

@@ -24,7 +24,7 @@ trimmed without forgetting them. On start the router loads the snapshot, then ad
 ids of every spool record after the snapshot's position.
 
 Batch ids are remembered as 16-byte keyed BLAKE2b digests of ``(source, id)``
-(``batch_digest``) in a ``DigestRing`` (flat memory, ~26 bytes an id): a dict of
+(``batch_digest``) in a ``DigestRing`` (flat memory, ~42 bytes an id): a dict of
 ``(source, id)`` tuples took ~260 bytes an id, ~26 MB a worker at the default 100,000,
 most of a worker's memory growth under a steady forward load.
 """
@@ -176,8 +176,10 @@ class DedupeWindow:
         for key in saved.keys:
             self.add(key, saved.position)
 
-    def snapshot(self) -> tuple[bytes, list, list]:
-        """What ``save_snapshot`` writes after the position: copies, taken on the reactor."""
+    def snapshot(self) -> tuple[memoryview, list, list]:
+        """What ``save_snapshot`` writes after the position: copies, taken on the reactor.
+        The batch ids' copy is a buffer the next call overwrites: one save at a time
+        (``logrouter.snapshots``)."""
         return self.batch_ids.joined(), list(self.writers.items()), self.events.rows()
 
 
@@ -370,24 +372,30 @@ class EventWindows:
 
 def save_snapshot(
     path: str,
-    batch_digests: bytes,
+    batch_digests: bytes | memoryview,
     position: int,
     writers: list[tuple[WriterId, int]] = (),
     events: list[tuple[str, str, list[bytes]]] = (),
 ) -> None:
     """Write the batch ids' digests (``join_digests``), the ``writers``' last event
     numbers, the ``events`` windows (``EventWindows.rows``) and the spool position they
-    cover up to, atomically (version 4)."""
-    data = msgpack.packb(
-        [
-            4,
-            position,
-            bytes(batch_digests),
-            [[source, writer, number] for (source, writer), number in writers],
-            [[source, sender, join_digests(digests)] for source, sender, digests in events],
-        ]
+    cover up to, atomically (version 4). The digests are written as they are, not copied
+    into the packed message."""
+    packer = msgpack.Packer()
+    head = packer.pack_array_header(5) + packer.pack(4) + packer.pack(position) + _bin_header(len(batch_digests))
+    tail = packer.pack([[source, writer, number] for (source, writer), number in writers]) + packer.pack(
+        [[source, sender, join_digests(digests)] for source, sender, digests in events]
     )
-    replace_file(path, data)
+    replace_file(path, head, batch_digests, tail)
+
+
+def _bin_header(size: int) -> bytes:
+    """msgpack's head of a ``bin`` of ``size`` bytes (msgpack's Packer has none to call)."""
+    if size < 1 << 8:
+        return bytes((0xC4, size))
+    if size < 1 << 16:
+        return b"\xc5" + size.to_bytes(2, "big")
+    return b"\xc6" + size.to_bytes(4, "big")
 
 
 def load_snapshot(path: str) -> SavedWindow:

@@ -3,7 +3,7 @@ filesystems not loaded."""
 
 from __future__ import annotations
 
-from logrouter.arrow_memory import CLOUD_FILESYSTEMS, POOL_VARIABLE, prefer_jemalloc, skip_cloud_filesystems
+from logrouter.arrow_memory import POOL_VARIABLE, prefer_jemalloc, skip_cloud_filesystems
 
 
 def test_linux_gets_jemalloc() -> None:
@@ -30,8 +30,15 @@ def test_other_platforms_keep_arrows_default() -> None:
     assert environ == {}
 
 
-def test_the_cloud_filesystems_are_kept_from_loading_unless_loaded_already() -> None:
-    loaded = object()
-    modules: dict[str, object] = {"pyarrow._s3fs": loaded}
-    skip_cloud_filesystems(modules)
-    assert modules == {"pyarrow._s3fs": loaded, **{name: None for name in CLOUD_FILESYSTEMS[1:]}}
+def test_the_hook_is_installed_once_and_only_before_pyarrow_fs_is_loaded(monkeypatch) -> None:
+    import sys
+
+    meta_path: list = []
+    monkeypatch.delitem(sys.modules, "pyarrow.fs", raising=False)
+    skip_cloud_filesystems(meta_path)
+    skip_cloud_filesystems(meta_path)
+    assert len(meta_path) == 1
+    monkeypatch.setitem(sys.modules, "pyarrow.fs", object())
+    later: list = []
+    skip_cloud_filesystems(later)
+    assert later == []

@@ -88,6 +88,18 @@ def test_the_batch_id_window_keeps_the_last_ids_stored_per_source():
     assert [restored.lookup(("fwd", b"c%d" % n)) is not None for n in range(5)] == [False, False, True, True, True]
 
 
+@pytest.mark.parametrize("ids", [0, 1, 15, 16, 4095, 4096, 70_000])
+def test_a_snapshot_writes_its_digests_as_msgpack_would(tmp_path, ids):
+    """The digests go to the file as they are (no packed copy), under a ``bin`` head of
+    each width: the file is what msgpack would have packed."""
+    blob = b"".join(dedupe.batch_digest("fwd", b"%d" % n) for n in range(ids))
+    path = str(tmp_path / "dedupe.msgpack")
+    dedupe.save_snapshot(path, memoryview(blob), 7, [(("p", b"w"), 3)], [("b", "s", [b"x" * 16])])
+    with open(path, "rb") as f:
+        assert f.read() == msgpack.packb([4, 7, blob, [["p", b"w", 3]], [["b", "s", b"x" * 16]]])
+    assert dedupe.load_snapshot(path) == (7, blob, [("p", b"w", 3), ("b", [["s", b"x" * 16]])])
+
+
 def test_a_spool_record_with_a_damaged_batch_id_does_not_cut_the_replay_short(tmp_path):
     from twisted.internet import reactor
 
