@@ -80,6 +80,9 @@ class _LoaderWithoutCloud(importlib.abc.Loader):
         self.loader = loader
         self.finder = finder
 
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)  # get_source, get_code, is_package, …
+
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         return self.loader.create_module(spec)
 

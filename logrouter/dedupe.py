@@ -411,13 +411,23 @@ def load_snapshot(path: str) -> SavedWindow:
         writer_rows = snapshot[3] if version >= 2 else []
         event_rows = snapshot[4] if version >= 3 else []
         if version == 4:
-            batch_digests = bytes(batch_rows)
+            batch_digests = _checked(bytes, batch_rows)
         else:
-            batch_digests = join_digests(batch_digest(source, bytes(chunk)) for source, chunk, _ in batch_rows)
-        keys: list[Key] = [(source, bytes(writer), number) for source, writer, number in writer_rows]
-        keys += [(source, [[sender, bytes(blob)]]) for source, sender, blob in event_rows]
-        return SavedWindow(position, batch_digests, keys)
+            batch_digests = join_digests(batch_digest(_checked(str, source), _checked(bytes, chunk)) for source, chunk, _ in batch_rows)
+        keys: list[Key] = [
+            (_checked(str, source), _checked(bytes, writer), _checked(int, number)) for source, writer, number in writer_rows
+        ]
+        keys += [(_checked(str, source), [[_checked(str, sender), _checked(bytes, blob)]]) for source, sender, blob in event_rows]
+        return SavedWindow(_checked(int, position), batch_digests, keys)
     except FileNotFoundError:
         return SavedWindow(0, b"", [])
     except (ValueError, TypeError, msgpack.UnpackException):
         return SavedWindow(0, b"", [])  # a damaged snapshot only weakens deduplication; the spool scan still runs
+
+
+def _checked(kind: type, value: Any) -> Any:
+    """``value`` if it is what the snapshot's writer put there (msgpack gives ``bytes`` for
+    a bin), else ``ValueError``: never ``bytes(n)`` of a damaged number, say."""
+    if value.__class__ is not kind or (kind is int and value < 0):
+        raise ValueError(f"damaged snapshot: {value!r:.40} is not a {kind.__name__}")
+    return value

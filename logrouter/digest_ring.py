@@ -64,6 +64,8 @@ class DigestRing:
         kept for this, overwritten by the next call. One buffer of the ring's full size,
         reused, rather than megabytes allocated and freed every few seconds, which glibc's
         heap kept (~10 MiB a worker with the window full)."""
+        if not self.count:
+            return memoryview(b"")
         if self.copy is None:
             self.copy = bytearray(self.capacity * self.width)
         end, cut = self.count * self.width, self.oldest * self.width

@@ -159,11 +159,19 @@ class Snapshots:
     def save_at_stop(self, filters: dict[str, Any], routed_end: int, cursor: int) -> Any:
         """The last save, once the sinks committed (``cursor``: the smallest of theirs). A
         disk that refuses it fails nothing: the next start reads back from the spool."""
-        yield self.idle()
+        # The end of a save may start another (its ``on_saved`` trims, a trim may save):
+        # wait until none is under way, and hold ``saving`` meanwhile so no trim starts
+        # one (the window's copy buffer is shared by its saves, one at a time).
+        while self.saving is not None:
+            yield self.idle()
         if self.loaded:
             try:
                 batch_digests, writers, events = self.window.snapshot()
-                yield self.run_blocking(dedupe.save_snapshot, self.path, batch_digests, routed_end, writers, events)
+                self.saving = self.run_blocking(dedupe.save_snapshot, self.path, batch_digests, routed_end, writers, events)
+                try:
+                    yield self.saving
+                finally:
+                    self.saving = None
             except OSError as e:
                 # A full disk must not fail the stop: the next start reads the window back
                 # from the older snapshot and the spool after it (trimmed only past a snapshot).

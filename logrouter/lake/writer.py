@@ -325,8 +325,12 @@ class LakeWriter:
                 position += room
             if len(file.pending) >= self.row_group_rows:
                 self._write_row_group(file)
-            if self._estimated_size(file) >= self.roll_bytes or file.row_groups >= self.roll_row_groups:
-                self._seal(key)
+        # Rolled only once this write's rows are all in: the parquet sink commits a sealed
+        # file's last mark as published for its partition and a replay skips those marks'
+        # rows, so a write split between a sealed file and the next one would lose the
+        # next one's share in a crash. A big write makes a file bigger, never two.
+        if self._estimated_size(file) >= self.roll_bytes or file.row_groups >= self.roll_row_groups:
+            self._seal(key)
 
     def flush(self) -> None:
         """Encode every open file's buffered rows as a row group (bounds memory)."""

@@ -113,6 +113,7 @@ def test_a_worker_writing_parquet_loads_no_cloud_filesystem() -> None:
             pq.write_table(pa.table({"a": [1]}), tmp + "/t.parquet")
             assert pq.read_table(tmp + "/t.parquet").num_rows == 1
         assert hasattr(pyarrow.fs, "LocalFileSystem") and hasattr(pyarrow.fs, "HadoopFileSystem")
+        assert pyarrow.fs.__spec__.loader.is_package("pyarrow.fs") is False  # the wrapped loader answers as its own
         try:
             pyarrow.fs.S3FileSystem
         except ImportError as e:

@@ -151,7 +151,16 @@ def test_version_1_spool_records_and_snapshots_still_read(tmp_path):
     assert dedupe.load_snapshot(str(path)) == (123, dedupe.batch_digest("fwd", b"c"), [])
 
 
-@pytest.mark.parametrize("damage", [b"", b"\xc1", msgpack.packb([2, 1]), msgpack.packb([9, 0, []])])
+@pytest.mark.parametrize("damage", [
+    b"", b"\xc1", msgpack.packb([2, 1]), msgpack.packb([9, 0, []]),
+    # Well-formed msgpack of the wrong shapes: each raised out of the start before (an
+    # integer where the digests go, `bytes(n)` allocating n bytes; a source not a string;
+    # a position not a number).
+    msgpack.packb([4, 0, 2**62, [], []]), msgpack.packb([4, 0, 2**40, [], []]),
+    msgpack.packb([3, 0, [[5, b"c", 1]], [], []]), msgpack.packb([3, 0, [[b"src", b"c", 1]], [], []]),
+    msgpack.packb([2, 0, [["s", 2**40, 1]], []]), msgpack.packb([4, "0", b"", [], []]),
+    msgpack.packb([4, 0, b"", [["s", 2**40, 1]], []]), msgpack.packb([4, 0, b"", [], [["s", 7, b""]]]),
+])
 def test_a_damaged_snapshot_only_weakens_deduplication(tmp_path, damage):
     path = tmp_path / "dedupe.msgpack"
     path.write_bytes(damage)

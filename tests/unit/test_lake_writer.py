@@ -153,13 +153,16 @@ def test_roll_by_size(tmp_path):
     assert sum(s.rows for s in rolled + rest) == 1000
 
 
-def test_one_big_write_rolls_in_the_middle(tmp_path):
+def test_one_big_write_stays_in_one_file_then_rolls(tmp_path):
+    """A file rolls between writes only (``test_a_roll_never_splits_one_writes_rows_across_files``):
+    a write far past ``roll_bytes`` is encoded in row groups, into one file, sealed after it."""
     writer = LakeWriter(str(tmp_path), "w1", roll_bytes=3000, roll_secs=3600, row_group_rows=100)
-    writer.write("a", events(2000), now=0)
-    sealed = writer.seal_all()
-    assert len(sealed) > 2
-    assert sum(s.rows for s in sealed) == 2000
-    assert all(s.rows % 100 == 0 for s in sealed[:-1])
+    writer.write("a", events(2000), now=0, mark=1)
+    rolled = writer.seal_due(now=0)
+    assert [(s.rows, s.first_mark, s.last_mark) for s in rolled] == [(2000, 1, 1)]
+    assert pq.ParquetFile(rolled[0].staging_path).metadata.num_row_groups == 20
+    writer.write("a", events(10, start=2000), now=0, mark=2)
+    assert [s.rows for s in writer.seal_all()] == [10]
 
 
 def test_a_file_rolls_once_it_holds_roll_row_groups(tmp_path):
@@ -177,6 +180,27 @@ def test_a_file_rolls_once_it_holds_roll_row_groups(tmp_path):
     assert sorted(lake_dataset(root).to_table().column("seq").to_pylist()) == list(range(75))
     with pytest.raises(ValueError, match="roll_row_groups"):
         LakeWriter(root, "w2", 1 << 30, 3600, roll_row_groups=0)
+
+
+@pytest.mark.parametrize("roll", [{"roll_row_groups": 1}, {"roll_bytes": 1}])
+def test_a_roll_never_splits_one_writes_rows_across_files(tmp_path, roll):
+    """The parquet sink commits a sealed file's ``last_mark`` as published for its
+    partition and replays from the oldest open file's ``first_mark``, skipping the rows of
+    published marks: a record whose rows were split between a sealed file and the open
+    one would lose the open file's share in a crash. So a file rolls only between writes."""
+    root = str(tmp_path)
+    options = {"roll_bytes": 1 << 30, "roll_row_groups": 1000, **roll}
+    writer = LakeWriter(root, "w1", roll_secs=3600, row_group_rows=10, **options)
+    handed = []
+    for mark in range(6):
+        writer.write("a", events(15, start=15 * mark), now=0, mark=mark)
+        sealed = writer.seal_due(now=0)
+        oldest = writer.oldest_open_mark()
+        assert all(oldest is None or file.last_mark < oldest for file in sealed), (mark, oldest, sealed)
+        handed += sealed
+    assert len(handed) >= 5  # it did roll, once per write
+    writer.publish(handed + writer.seal_all())
+    assert sorted(lake_dataset(root).to_table().column("seq").to_pylist()) == list(range(90))
 
 
 def test_roll_by_age(tmp_path):
