@@ -68,7 +68,7 @@ def test_unknown_key_lists_allowed_ones():
     errors = errors_of(GOOD + '\n[sinks.lake2]\ntype = "parquet"\ninputs = ["forward"]\npath = "x"\nroll_byts = 5\n')
     assert errors == [
         "sinks.lake2.roll_byts: unknown key (allowed: columns, compression, flatten, hold_sources_secs, max_queue_bytes, path, "
-        "retry_initial_secs, retry_max_secs, roll_bytes, roll_secs, row_group_rows, writer_id)"
+        "retry_initial_secs, retry_max_secs, roll_bytes, roll_row_groups, roll_secs, row_group_rows, writer_id)"
     ]
 
 
