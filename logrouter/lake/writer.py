@@ -309,6 +309,14 @@ class LakeWriter:
 
     def _append(self, tag: str, bucket: int, events: Sequence[Event], now: float, mark: Any) -> None:
         key = (tag, bucket)
+        file = self._files.get(key)
+        # A full file rolls where a spool record ends, before a write of another mark: the
+        # parquet sink commits a sealed file's last mark as published for its partition
+        # and a replay skips those marks' rows, so a record split between a sealed file
+        # and the next one (one big write, or a record reaching the sink as several
+        # batches when routes join) would lose the next one's share in a crash.
+        if file is not None and (mark is None or mark != file.last_mark) and self._full(file):
+            self._seal(key)
         position = 0
         total = len(events)
         while position < total:
@@ -325,12 +333,9 @@ class LakeWriter:
                 position += room
             if len(file.pending) >= self.row_group_rows:
                 self._write_row_group(file)
-        # Rolled only once this write's rows are all in: the parquet sink commits a sealed
-        # file's last mark as published for its partition and a replay skips those marks'
-        # rows, so a write split between a sealed file and the next one would lose the
-        # next one's share in a crash. A big write makes a file bigger, never two.
-        if self._estimated_size(file) >= self.roll_bytes or file.row_groups >= self.roll_row_groups:
-            self._seal(key)
+
+    def _full(self, file: _OpenFile) -> bool:
+        return self._estimated_size(file) >= self.roll_bytes or file.row_groups >= self.roll_row_groups
 
     def flush(self) -> None:
         """Encode every open file's buffered rows as a row group (bounds memory)."""
@@ -398,11 +403,16 @@ class LakeWriter:
 
     # -- sealing ------------------------------------------------------------------------
 
-    def seal_due(self, now: float) -> list[SealedFile]:
-        """Seal files opened ``roll_secs`` or more before ``now``; return them and the
-        files rolled by size since the last call."""
-        for key in [key for key, f in self._files.items() if now - f.opened_at >= self.roll_secs]:
-            self._seal(key)
+    def seal_due(self, now: float, complete_before: Any = None) -> list[SealedFile]:
+        """Seal files opened ``roll_secs`` or more before ``now``, or full; return them and
+        the files rolled since the last call. With ``complete_before`` (the end of the
+        records handed over whole), a file whose last mark is not before it stays open:
+        the rest of that record may still come (see ``_append``)."""
+        for key, f in list(self._files.items()):
+            if complete_before is not None and f.last_mark is not None and f.last_mark >= complete_before:
+                continue
+            if now - f.opened_at >= self.roll_secs or self._full(f):
+                self._seal(key)
         return self._hand_out()
 
     def seal_all(self) -> list[SealedFile]:

@@ -104,10 +104,30 @@ class ParquetSink(LakeSink):
             )
         return state["cursor"] if state else 0
 
+    def _adopt_commit_on_disk(self) -> None:
+        """A commit whose save reported a failure may still have reached the disk (the
+        record replaced, then the directory's fsync failed): what the record lists is
+        committed, so it is published and its cursor and marks taken, never discarded
+        with the staging files as uncommitted work."""
+        try:
+            state = self.state.load() if self.state is not None else None
+        except Exception:  # noqa: BLE001 - unreadable now: the next start's recovery reads it
+            return
+        if not state or state.get("cursor", -1) < self._saved_cursor:
+            return
+        from logrouter.lake.writer import SealedFile
+
+        known = {f.staging_path for f in self._unpublished}
+        on_disk = [SealedFile.from_dict(f) for f in state.get("files", [])]
+        self._unpublished = [*self._unpublished, *(f for f in on_disk if f.staging_path not in known)]
+        self.published = {(tag, bucket): mark for tag, bucket, mark in state.get("published", [])}
+        self._saved_cursor = state["cursor"]
+
     # -- worker thread -----------------------------------------------------------------
 
     def _reset_work(self) -> None:
         self.writer.abort()
+        self._adopt_commit_on_disk()
         if self._unpublished:
             # committed before the failure: finish its renames (idempotent)
             self.writer.publish(self._unpublished, missing_ok=True)
@@ -127,7 +147,9 @@ class ParquetSink(LakeSink):
         self.write_rows(batch.tag, events, now, position, refused, self.published)
 
     def _finish_run(self, now: float, processed_end: int, stop: bool) -> None:
-        sealed = self.writer.seal_all() if stop else self.writer.seal_due(now)
+        # processed_end: the end of the records handed over whole (a record's batches may
+        # come in several runs when routes join at this sink): none is split across files.
+        sealed = self.writer.seal_all() if stop else self.writer.seal_due(now, processed_end)
         oldest = self.writer.oldest_open_mark()
         cursor = processed_end if oldest is None else min(oldest, processed_end)
         if sealed or stop or (cursor > self._saved_cursor and now - self._saved_at >= CURSOR_SAVE_SECS):

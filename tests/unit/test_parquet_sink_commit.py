@@ -271,3 +271,72 @@ def test_a_reset_clears_staged_files_left_by_the_failure(tmp_path):
     sink._run([tick(30.0, 100)])
     assert not left.exists()
     assert lake_ids(tmp_path) == list(range(5))
+
+
+# -- a record reaching the sink as several batches (routes joining at the sink) -------------
+
+
+def part(position: int, ids: range, now: float = 0.0) -> tuple:
+    """One of a record's batches: ``fed_end`` stays at the record's start until the feed
+    has handed all of them over (``advance``)."""
+    events = [(T0 + i, {"id": i}) for i in ids]
+    return ((_ROWS, Batch("t", events), position, 100), now, position, 0)
+
+
+def crash_and_replay(tmp_path, feed: list) -> None:
+    """A new sink recovers from the commit record; the router feeds it from its cursor."""
+    again = make_sink(tmp_path)
+    cursor = again._recover()
+    again._run([item for item in feed if item[0][2] >= cursor] + [((("stop",)), 99.0, 200, 0)])
+
+
+@pytest.mark.parametrize("roll", ["age", "size"])
+def test_a_record_in_several_batches_is_never_split_across_files(tmp_path, roll):
+    """Record 100 comes as two batches of one partition. A file due (by age, or full)
+    between them stays open until the record is whole: sealed in between, the commit
+    would publish mark 100 for the partition and the replay after a crash would skip the
+    second batch's rows, which were only in the next, unsealed file (lost before)."""
+    options = {"roll_secs": 10.0} if roll == "age" else {"row_group_rows": 10, "roll_row_groups": 2}
+    sink = make_sink(tmp_path, **options)
+    sink._recover()
+    feed = [part(0, range(0, 10)), part(100, range(10, 20), now=11.0), part(100, range(20, 30), now=11.5)]
+    sink._run(feed[:1] + [tick(0.0, 100)])
+    sink._run(feed[1:2])  # the first file is due or full: record 100 is not whole yet
+    sink._run(feed[2:])
+    crash_and_replay(tmp_path, feed)  # what was staged only is gone
+    assert lake_ids(tmp_path) == list(range(30))
+
+
+def test_same_mark_writes_share_a_file_and_it_rolls_once_the_record_is_whole(tmp_path):
+    from logrouter.lake.writer import LakeWriter
+
+    writer = LakeWriter(str(tmp_path / "lake"), "w1", 1 << 30, 3600, row_group_rows=10, roll_row_groups=1)
+    writer.write("t", [(T0 + i, {"id": i}) for i in range(15)], now=0, mark=5)
+    writer.write("t", [(T0 + i, {"id": i}) for i in range(15, 20)], now=0, mark=5)
+    assert writer.seal_due(now=0, complete_before=5) == []  # record 5 may go on
+    (sealed,) = writer.seal_due(now=0, complete_before=6)
+    assert (sealed.rows, sealed.first_mark, sealed.last_mark) == (20, 5, 5)
+
+
+def test_a_commit_record_on_disk_whose_directory_fsync_failed_is_kept_by_the_reset(tmp_path, monkeypatch):
+    """The record was replaced, then the directory's fsync failed: the commit is on disk
+    though its save raised. The reset takes that record (publishes its files, its cursor)
+    instead of discarding its sealed files as uncommitted staging; a crash then loses
+    nothing (it lost the committed files' rows before)."""
+    from logrouter import atomic_file
+
+    sink = make_sink(tmp_path)
+    sink._recover()
+    sink._run([record(0, 0, range(0, 10)), record(100, 0, range(10, 20))])
+
+    def fsync_fails(path):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(atomic_file, "fsync_directory", fsync_fails)
+    with pytest.raises(OSError):
+        sink._work([tick(11.0, 200)])  # sealed, the record replaced, its fsync failed
+    monkeypatch.undo()
+    sink._run([reset(0)])
+    assert sink._saved_cursor == 200 and lake_ids(tmp_path) == list(range(20))
+    crash_and_replay(tmp_path, [record(0, 0, range(0, 10)), record(100, 0, range(10, 20))])
+    assert lake_ids(tmp_path) == list(range(20))
