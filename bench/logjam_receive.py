@@ -31,8 +31,9 @@ import zmq
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from twisted.internet import defer, task  # noqa: E402
+from twisted.internet import task  # noqa: E402
 
+from logjam_decode import Receiver, Router  # noqa: E402 - the same stubs: a router keeping the batches, a receiver doing nothing
 from logjam_load import COMPRESSIONS, message_pool  # noqa: E402
 from logrouter.sources.base import SourceContext  # noqa: E402
 from logrouter.sources.logjam import LogjamSource  # noqa: E402
@@ -48,30 +49,13 @@ class Reactor:
         f(*args, **kwargs)
 
 
-class Router:
-    def __init__(self) -> None:
-        self.batches = 0
-
-    def ingest(self, batch: Any, key: Any = None, **_: Any) -> defer.Deferred:
-        self.batches += 1
-        return defer.Deferred()
-
-
-class Stub:
-    def send(self, index: int, frames: list[bytes]) -> None:
-        pass
-
-    def done(self) -> None:
-        pass
-
-
 def source() -> LogjamSource:
     clock = task.Clock()
     clock.advance(time.time())
     options = {key: option.default for key, option in LogjamSource.OPTIONS.items()}
     options["listen_pull"] = "tcp://127.0.0.1:*"
     jam = LogjamSource("jam", options, SourceContext(router=Router(), reactor=clock, errors=None, state_dir=""))
-    jam.receiver = Stub()  # type: ignore[assignment]
+    jam.receiver = Receiver()  # type: ignore[assignment]
     return jam
 
 

@@ -85,13 +85,8 @@ class ParquetSink(LakeSink):
         """Finish the last commit, drop uncommitted staging files; the cursor to resume from."""
         state = self.state.load() if self.state is not None else None
         if state:
-            self.published = {(tag, bucket): mark for tag, bucket, mark in state.get("published", [])}
             self.writer.column_types.restore(state.get("columns", []))
-            from logrouter.lake.writer import SealedFile
-
-            pending = [SealedFile.from_dict(f) for f in state.get("files", [])]
-            self.writer.publish(pending, missing_ok=True)
-            self._saved_cursor = state["cursor"]
+            self.writer.publish(self._take_commit(state), missing_ok=True)
         # Fields this sink has not typed yet take the lake table's types (other routers'),
         # so routers sharing a lake agree (logrouter.lake.table).
         self.writer.adopt_table()
@@ -115,13 +110,17 @@ class ParquetSink(LakeSink):
             return
         if not state or state.get("cursor", -1) < self._saved_cursor:
             return
+        known = {f.staging_path for f in self._unpublished}
+        self._unpublished = [*self._unpublished, *(f for f in self._take_commit(state) if f.staging_path not in known)]
+
+    def _take_commit(self, state: dict) -> list:
+        """A commit record's cursor and published marks taken as this sink's; the files it
+        lists (to publish: their renames may not be done)."""
         from logrouter.lake.writer import SealedFile
 
-        known = {f.staging_path for f in self._unpublished}
-        on_disk = [SealedFile.from_dict(f) for f in state.get("files", [])]
-        self._unpublished = [*self._unpublished, *(f for f in on_disk if f.staging_path not in known)]
         self.published = {(tag, bucket): mark for tag, bucket, mark in state.get("published", [])}
         self._saved_cursor = state["cursor"]
+        return [SealedFile.from_dict(f) for f in state.get("files", [])]
 
     # -- worker thread -----------------------------------------------------------------
 
